@@ -1,0 +1,60 @@
+# The two commands of the README, and the steps they are made of. Every target installs what
+# it needs on a fresh Debian machine (the Debian packages through apt-get, the Python packages
+# pinned in requirements.txt into .venv), so `make deploy` and `make test` work on a new clone.
+SHELL := /bin/bash
+.SHELLFLAGS := -eu -o pipefail -c
+VENV := .venv
+BIN := $(VENV)/bin
+LAB_HOSTS ?= 4
+DEBIAN_PACKAGES := openssh-server openssh-client iproute2 python3-venv
+
+.PHONY: deploy test setup debian-packages lab-up lab-down facts unit compat lint integration molecule lock
+
+## Main job: build the lab (if it is not up) and deploy onto it, with its verification.
+deploy: setup lab-up
+	$(BIN)/ansible-playbook deploy.yml -i inventory/lab
+
+## Every test: unit, host-Python compatibility, lint, lab integration, molecule.
+test: setup unit compat lint integration molecule
+
+setup: debian-packages $(VENV)/.installed
+
+debian-packages:
+	@missing=$$(for p in $(DEBIAN_PACKAGES); do \
+	  dpkg-query -W -f='$${db:Status-Abbrev}' $$p 2>/dev/null | grep -q '^ii' || echo $$p; done); \
+	if [ -n "$$missing" ]; then \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing; fi
+
+$(VENV)/.installed: requirements.txt
+	python3 -m venv $(VENV)
+	$(BIN)/pip install -q --disable-pip-version-check -r requirements.txt
+	touch $@
+
+lab-up: setup
+	$(BIN)/python tests/lab/lab.py up --hosts $(LAB_HOSTS)
+
+lab-down:
+	$(BIN)/python tests/lab/lab.py down
+
+facts: setup lab-up
+	$(BIN)/ansible-playbook playbooks/facts.yml -i inventory/lab
+
+unit: setup
+	$(BIN)/pytest tests/unit -q
+
+compat: setup
+	$(BIN)/vermin -q --no-tips --violations -t=3.8- plugins/modules plugins/module_utils
+
+lint: setup
+	$(BIN)/ansible-lint
+
+integration: setup
+	$(BIN)/pytest tests/integration -q
+
+molecule: setup
+	$(BIN)/molecule test --all
+
+## Re-pin requirements.txt from requirements.in (needs the package index).
+lock:
+	python3 -m venv .lock-venv && .lock-venv/bin/pip install -q -r requirements.in
+	.lock-venv/bin/pip freeze --exclude-editable > requirements.txt && rm -rf .lock-venv

@@ -1,0 +1,58 @@
+"""facts_summary: the few lines a person reads to know what a host has."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+
+def facts_summary(vllm: dict, gpus: dict) -> list[str]:
+    """Summarise the facts of vllm_facts and gpu_facts as readable lines."""
+    return [
+        f"vLLM {vllm['version']} (layout {vllm['layout']}) for Python {vllm['python_version']}"
+        f" at {vllm['package_root']}",
+        _registry_line(vllm["registry"]),
+        _model_line(vllm.get("model")),
+        _files_line("serving", vllm["files"]["serving"]) + "; "
+        + _files_line("protected", vllm["files"]["protected"]),
+        _gpus_line(gpus),
+    ]
+
+
+def _registry_line(registry: dict) -> str:
+    if registry.get("error"):
+        return f"registry: unusable ({registry['error']})"
+    qwen3_5 = "yes" if registry["has_qwen3_5"] else "no"
+    return f"registry: {len(registry['architectures'])} architectures, Qwen3_5 registered: {qwen3_5}"
+
+
+def _model_line(model: dict | None) -> str:
+    if not model:
+        return "model: none given"
+    if model.get("error"):
+        return f"model {model['path']}: unusable ({model['error']})"
+    architectures = ", ".join(model["architectures"]) or "no architectures declared"
+    if model["served"]:
+        return f"model {model['path']}: {architectures}, served: yes"
+    registrable = set(model["registrable"])
+    verdict = "registrable (the base has its model file)" if registrable >= set(model["missing"]) \
+        else "not registrable (no model file in the base)"
+    return f"model {model['path']}: {architectures}, served: no, {verdict}"
+
+
+def _files_line(kind: str, files: dict) -> str:
+    absent = sorted(name for name, entry in files.items() if not entry["exists"])
+    line = f"{kind} files: {len(files) - len(absent)}/{len(files)} present"
+    return line + (f" (absent: {', '.join(absent)})" if absent else "")
+
+
+def _gpus_line(gpus: dict) -> str:
+    if not gpus["count"]:
+        return "GPUs: none"
+    kinds = Counter((gpu["name"], gpu["memory_total_mib"]) for gpu in gpus["gpus"])
+    described = ", ".join(f"{n} x {name} {mib} MiB" for (name, mib), n in kinds.items())
+    return f"GPUs: {described}; free: {len(gpus['free'])}"
+
+
+class FilterModule:
+    def filters(self):
+        return {"facts_summary": facts_summary}

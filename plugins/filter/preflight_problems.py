@@ -1,0 +1,49 @@
+"""preflight_problems: every reason a host cannot take the deployment, one sentence each."""
+
+from __future__ import annotations
+
+
+def preflight_problems(vllm: dict, gpus: dict, tensor_parallel_size: int) -> list[str]:
+    """Return the problems found in the facts of vllm_facts and gpu_facts (empty = fit)."""
+    return [
+        *_registry_problems(vllm),
+        *_gpu_problems(gpus, tensor_parallel_size),
+        *_model_problems(vllm),
+    ]
+
+
+def _registry_problems(vllm: dict) -> list[str]:
+    registry = vllm["registry"]
+    if registry.get("error"):
+        return [f"model registry {vllm['package_root']}/{registry['path']} is unusable: {registry['error']}"]
+    return []
+
+
+def _gpu_problems(gpus: dict, tensor_parallel_size: int) -> list[str]:
+    if gpus["count"] < tensor_parallel_size:
+        return [
+            f"tensor_parallel_size is {tensor_parallel_size} but {gpus['ixsmi']} reports "
+            f"{gpus['count']} GPU{'s' if gpus['count'] != 1 else ''}"
+        ]
+    return []
+
+
+def _model_problems(vllm: dict) -> list[str]:
+    model = vllm.get("model")
+    if not model:
+        return []
+    if model.get("error"):
+        return [f"model {model['path']} is unusable: {model['error']}"]
+    if vllm["registry"].get("error"):
+        return []  # already reported; whether the model is served cannot be known
+    stranded = [arch for arch in model["missing"] if arch not in model["registrable"]]
+    return [
+        f"model {model['path']} declares {arch}, which {vllm['registry']['path']} does not register "
+        f"and no file under model_executor/models defines, so it cannot be registered either"
+        for arch in stranded
+    ]
+
+
+class FilterModule:
+    def filters(self):
+        return {"preflight_problems": preflight_problems}

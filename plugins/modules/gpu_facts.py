@@ -1,0 +1,241 @@
+#!/usr/bin/python
+# -*- coding: utf-8 -*-
+# Copyright: biv100.serving maintainers
+# Apache License 2.0 (see LICENSE)
+
+from __future__ import absolute_import, division, print_function
+
+__metaclass__ = type
+
+DOCUMENTATION = r"""
+---
+module: gpu_facts
+short_description: Report the Iluvatar CoreX GPUs of a host and the processes holding them
+description:
+  - Runs C(ixsmi), the CoreX counterpart of C(nvidia-smi), twice (GPU query and compute-process
+    query) and parses its CSV output into a list of GPUs.
+  - Read-only; never changes anything on the host.
+version_added: "0.1.0"
+author:
+  - biv100.serving maintainers
+options:
+  ixsmi_path:
+    description:
+      - Path of the C(ixsmi) executable.
+      - When omitted, the usual CoreX locations are tried, then E(PATH).
+    type: path
+  search_paths:
+    description:
+      - Locations tried, in order, when O(ixsmi_path) is omitted.
+    type: list
+    elements: path
+    default:
+      - /usr/local/corex/bin/ixsmi
+      - /usr/local/corex/bin64/ixsmi
+attributes:
+  check_mode:
+    support: full
+    description: Reads only, so check mode runs it unchanged.
+  diff_mode:
+    support: none
+    description: Changes nothing, so there is no diff.
+  facts:
+    support: full
+    description: Returns C(gpu_facts) under C(ansible_facts).
+  platform:
+    platforms: posix
+    description: Needs the CoreX C(ixsmi) tool on the host.
+notes:
+  - When C(ixsmi) cannot list compute processes, RV(gpu_facts.processes_supported) is false and
+    every GPU counts as free.
+seealso:
+  - module: biv100.serving.vllm_facts
+"""
+
+EXAMPLES = r"""
+- name: Learn the GPUs of the host
+  biv100.serving.gpu_facts:
+
+- name: Use an ixsmi from a non-standard SDK prefix
+  biv100.serving.gpu_facts:
+    ixsmi_path: /opt/corex-4.3.0/bin/ixsmi
+
+- name: Refuse a host with fewer free GPUs than the tensor-parallel size
+  ansible.builtin.assert:
+    that: ansible_facts.gpu_facts.free | length >= 4
+    fail_msg: "only {{ ansible_facts.gpu_facts.free | length }} free GPUs"
+"""
+
+RETURN = r"""
+gpu_facts:
+  description: What C(ixsmi) reports. Also returned under C(ansible_facts).
+  returned: success
+  type: dict
+  contains:
+    ixsmi:
+      description: The C(ixsmi) that was run.
+      type: str
+      sample: /usr/local/corex/bin/ixsmi
+    count:
+      description: Number of GPUs.
+      type: int
+      sample: 4
+    gpus:
+      description: One entry per GPU, in index order.
+      type: list
+      elements: dict
+      sample:
+        - index: 0
+          name: Iluvatar BI-V100
+          uuid: GPU-5b3c2f9e-0000-4000-8000-000000000000
+          memory_total_mib: 32768
+          memory_used_mib: 0
+          utilization_pct: 0
+          processes: []
+    free:
+      description: Indexes of the GPUs no compute process holds.
+      type: list
+      elements: int
+      sample: [0, 1, 2, 3]
+    processes:
+      description: Every compute process on any GPU, with the index of its GPU.
+      type: list
+      elements: dict
+      sample:
+        - gpu_index: 0
+          pid: 4242
+          name: python3
+          used_memory_mib: 30512
+    processes_supported:
+      description: Whether C(ixsmi) answered the compute-process query.
+      type: bool
+      sample: true
+"""
+
+import csv
+import os
+
+from ansible.module_utils.basic import AnsibleModule
+
+GPU_FIELDS = ("index", "name", "uuid", "memory.total", "memory.used", "utilization.gpu")
+PROCESS_FIELDS = ("gpu_uuid", "pid", "process_name", "used_memory")
+CSV_FORMAT = "--format=csv,noheader,nounits"
+# What nvidia-smi-like tools print for a value they cannot read.
+UNAVAILABLE = ("[N/A]", "N/A", "[Not Supported]", "[Unknown Error]")
+
+
+def find_ixsmi(module):
+    explicit = module.params["ixsmi_path"]
+    tried = [explicit] if explicit else list(module.params["search_paths"])
+    for candidate in tried:
+        if os.path.isfile(candidate) and os.access(candidate, os.X_OK):
+            return candidate
+    if not explicit:
+        on_path = module.get_bin_path("ixsmi")
+        if on_path:
+            return on_path
+        tried.append("ixsmi on PATH (%s)" % os.environ.get("PATH", ""))
+    module.fail_json(msg="ixsmi not found; tried: %s" % ", ".join(tried), tried=tried)
+
+
+def parse_csv(text, fields):
+    rows = []
+    for cells in csv.reader(text.splitlines(), skipinitialspace=True):
+        # Some versions say so in words instead of printing no rows.
+        if not cells or cells[0].startswith("No running processes"):
+            continue
+        if len(cells) != len(fields):
+            raise ValueError("expected %d fields (%s), got %r" % (len(fields), ",".join(fields), cells))
+        rows.append(dict(zip(fields, (cell.strip() for cell in cells))))
+    return rows
+
+
+def to_int(value):
+    if value in UNAVAILABLE:
+        return None
+    try:
+        return int(float(value))
+    except ValueError:
+        raise ValueError("%r is not a number" % value)
+
+
+def query(module, ixsmi, option, fields):
+    """Run one ixsmi query; returns (rows or None when the query is refused, stderr)."""
+    rc, out, err = module.run_command([ixsmi, "%s=%s" % (option, ",".join(fields)), CSV_FORMAT])
+    if rc != 0:
+        return None, (err or out).strip()
+    try:
+        return parse_csv(out, fields), ""
+    except ValueError as exc:
+        module.fail_json(msg="cannot parse the output of %s %s: %s" % (ixsmi, option, exc), stdout=out)
+
+
+def gpu_from_row(row):
+    return {
+        "index": to_int(row["index"]),
+        "name": row["name"],
+        "uuid": row["uuid"],
+        "memory_total_mib": to_int(row["memory.total"]),
+        "memory_used_mib": to_int(row["memory.used"]),
+        "utilization_pct": to_int(row["utilization.gpu"]),
+        "processes": [],
+    }
+
+
+def attach_processes(gpus, process_rows):
+    """Link each compute process to its GPU (ixsmi names the GPU by uuid); return them all."""
+    by_uuid = dict((gpu["uuid"], gpu) for gpu in gpus)
+    processes = []
+    for row in process_rows:
+        gpu = by_uuid.get(row["gpu_uuid"])
+        process = {
+            "gpu_index": gpu["index"] if gpu else None,
+            "pid": to_int(row["pid"]),
+            "name": row["process_name"],
+            "used_memory_mib": to_int(row["used_memory"]),
+        }
+        processes.append(process)
+        if gpu:
+            gpu["processes"].append(process)
+    return processes
+
+
+def gather(module):
+    ixsmi = find_ixsmi(module)
+    gpu_rows, error = query(module, ixsmi, "--query-gpu", GPU_FIELDS)
+    if gpu_rows is None:
+        module.fail_json(msg="%s --query-gpu failed: %s" % (ixsmi, error), ixsmi=ixsmi)
+    process_rows, _ = query(module, ixsmi, "--query-compute-apps", PROCESS_FIELDS)
+    try:
+        gpus = sorted((gpu_from_row(row) for row in gpu_rows), key=lambda gpu: gpu["index"])
+        processes = attach_processes(gpus, process_rows or [])
+    except ValueError as exc:
+        module.fail_json(msg="cannot parse the output of %s: %s" % (ixsmi, exc), ixsmi=ixsmi)
+    return {
+        "ixsmi": ixsmi,
+        "count": len(gpus),
+        "gpus": gpus,
+        "free": [gpu["index"] for gpu in gpus if not gpu["processes"]],
+        "processes": processes,
+        "processes_supported": process_rows is not None,
+    }
+
+
+def main():
+    module = AnsibleModule(
+        argument_spec=dict(
+            ixsmi_path=dict(type="path"),
+            search_paths=dict(
+                type="list",
+                elements="path",
+                default=["/usr/local/corex/bin/ixsmi", "/usr/local/corex/bin64/ixsmi"],
+            ),
+        ),
+        supports_check_mode=True,
+    )
+    facts = gather(module)
+    module.exit_json(changed=False, gpu_facts=facts, ansible_facts={"gpu_facts": facts})
+
+
+if __name__ == "__main__":
+    main()
