@@ -33,9 +33,10 @@ def _model_line(model: dict | None) -> str:
     architectures = ", ".join(model["architectures"]) or "no architectures declared"
     if model["served"]:
         return f"model {model['path']}: {architectures}, served: yes"
-    registrable = set(model["registrable"])
-    verdict = "registrable (the base has its model file)" if registrable >= set(model["missing"]) \
-        else "not registrable (no model file in the base)"
+    if all(model["registrable"].get(arch) for arch in model["missing"]):
+        verdict = "registrable (the base has its model file)"
+    else:
+        verdict = "not registrable (no model file in the base)"
     return f"model {model['path']}: {architectures}, served: no, {verdict}"
 
 

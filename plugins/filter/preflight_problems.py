@@ -15,7 +15,8 @@ def preflight_problems(vllm: dict, gpus: dict, tensor_parallel_size: int) -> lis
 def _registry_problems(vllm: dict) -> list[str]:
     registry = vllm["registry"]
     if registry.get("error"):
-        return [f"model registry {vllm['package_root']}/{registry['path']} is unusable: {registry['error']}"]
+        # The error names the file relative to the package root (even when it is missing).
+        return [f"the model registry of {vllm['package_root']} is unusable: {registry['error']}"]
     return []
 
 
@@ -36,7 +37,7 @@ def _model_problems(vllm: dict) -> list[str]:
         return [f"model {model['path']} is unusable: {model['error']}"]
     if vllm["registry"].get("error"):
         return []  # already reported; whether the model is served cannot be known
-    stranded = [arch for arch in model["missing"] if arch not in model["registrable"]]
+    stranded = [arch for arch in model["missing"] if not model["registrable"].get(arch)]
     return [
         f"model {model['path']} declares {arch}, which {vllm['registry']['path']} does not register "
         f"and no file under model_executor/models defines, so it cannot be registered either"

@@ -17,7 +17,7 @@ description:
   - Read-only; never changes anything on the host.
 version_added: "0.1.0"
 author:
-  - biv100.serving maintainers
+  - biv100.serving maintainers (!UNKNOWN)
 options:
   ixsmi_path:
     description:
