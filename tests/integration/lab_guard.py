@@ -1,0 +1,21 @@
+"""Whether this machine may build a lab for a test module now."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+import lab as lab_builder
+
+
+def refuse_unless_the_lab_can_be_built() -> None:
+    if os.geteuid() != 0:
+        pytest.fail("the lab needs root: it makes network namespaces and mounts", pytrace=False)
+    running = lab_builder.running_lab_dir()
+    if running:
+        pytest.fail(
+            f"a lab is up in {running}; these tests build their own and only one can be up. "
+            f"Take it down first: {lab_builder.LAB_DIR_ENV}={running} python tests/lab/lab.py down",
+            pytrace=False,
+        )

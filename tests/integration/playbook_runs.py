@@ -1,0 +1,60 @@
+"""Run the project's playbooks through ansible-runner and read what happened per host."""
+
+from __future__ import annotations
+
+import os
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import ansible_runner
+
+REPO = Path(__file__).resolve().parents[2]
+# ansible-runner starts `ansible-playbook` from PATH: make it the one beside this interpreter.
+os.environ["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"
+
+
+@dataclass
+class PlaybookRun:
+    rc: int
+    stats: dict
+    events: list[dict] = field(repr=False)
+
+    def hosts_with(self, outcome: str) -> set[str]:
+        """Hosts counted under `outcome` (ok, changed, failures, dark, skipped) in the recap."""
+        return {host for host, count in (self.stats.get(outcome) or {}).items() if count}
+
+    def failure_messages(self, host: str) -> list[str]:
+        return [
+            str(event["event_data"]["res"].get("msg", ""))
+            for event in self.events
+            if event.get("event") == "runner_on_failed" and event["event_data"].get("host") == host
+        ]
+
+    def results(self, host: str, task: str) -> list[dict]:
+        """Results of the tasks named `task` on `host`, in the order they ran."""
+        return [
+            event["event_data"]["res"]
+            for event in self.events
+            if event.get("event") in ("runner_on_ok", "runner_on_failed")
+            and event["event_data"].get("host") == host
+            and event["event_data"].get("task") == task
+        ]
+
+
+def run_playbook(playbook: str, inventory: Path, tmp_path: Path, *, extravars: dict | None = None,
+                 limit: str | None = None, check: bool = False) -> PlaybookRun:
+    private_data_dir = tmp_path / "runner"
+    private_data_dir.mkdir(parents=True)
+    runner = ansible_runner.run(
+        private_data_dir=str(private_data_dir),
+        project_dir=str(REPO),
+        playbook=str(REPO / playbook),
+        inventory=str(inventory),
+        envvars={"ANSIBLE_CONFIG": str(REPO / "ansible.cfg")},
+        extravars=extravars or {},
+        limit=limit,
+        cmdline="--check" if check else None,
+        quiet=True,
+    )
+    return PlaybookRun(rc=runner.rc, stats=runner.stats or {}, events=list(runner.events))

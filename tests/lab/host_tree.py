@@ -1,0 +1,286 @@
+"""The files of one lab host: what a BI-V100 host's base image holds, built in a folder.
+
+A host's tree mirrors the host's own paths: `<tree>/usr/local/corex` is what the host sees at
+`/usr/local/corex`, and so on for every path in PRIVATE_MOUNTS (lab.py bind-mounts each one
+over the host's view). Everything in it is real except `ixsmi`: a Python venv made from
+Debian's python3, a copy of a real vLLM release's package tree with its installed-package
+metadata, and model folders holding a config.json.
+
+Variants (HostSpec.variant):
+    upstream             the vLLM release exactly as published
+    vendor-unregistered  plus a vendor model file qwen3_5.py, registry unchanged, local version
+    vendor               plus Qwen3_5 registered in model_executor/models/registry.py
+"""
+
+from __future__ import annotations
+
+import base64
+import csv
+import hashlib
+import io
+import json
+import shutil
+import subprocess
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+
+import ixsmi
+
+# Paths every lab host has to itself; anything else is the machine's, shared by all hosts.
+PRIVATE_MOUNTS = (
+    "/opt",
+    "/root",
+    "/usr/local/corex",
+    "/var/lib/biv100-serving",
+    "/etc/biv100-serving",
+    "/var/log/biv100-serving",
+)
+
+COREX_PREFIX = "/usr/local/corex"
+VENV = f"{COREX_PREFIX}/python3"
+INTERPRETER = f"{VENV}/bin/python3"
+# The venv's base interpreter lives outside every private mount, so each host can run it
+# (the machine's own /root/.pyenv is hidden by the hosts' private /root).
+SYSTEM_PYTHON = "/usr/bin/python3"
+
+UPSTREAM = "upstream"
+VENDOR_UNREGISTERED = "vendor-unregistered"
+VENDOR = "vendor"
+VARIANTS = (VENDOR, VENDOR_UNREGISTERED, UPSTREAM)  # the order hosts are given them in
+VENDOR_LOCAL_VERSION = "+corex.4.3.0"
+
+GPU_NAME = "Iluvatar BI-V100"
+GPU_MEMORY_MIB = 32768
+GPU_IDLE_TEMPERATURE_C = 34
+
+MODELS_DIR = "/opt/models"
+MODEL_CONFIGS = {
+    # A Qwen3.5 checkpoint: only the vendor variants have a model file for it.
+    "qwen3_5": {
+        "architectures": ["Qwen3_5ForConditionalGeneration"],
+        "model_type": "qwen3_5",
+        "text_config": {"model_type": "qwen3_5_text", "max_position_embeddings": 262144},
+        "torch_dtype": "bfloat16",
+    },
+    # A model every 0.10.1.1 registry serves, for the upstream variant.
+    "qwen3_moe": {
+        "architectures": ["Qwen3MoeForCausalLM"],
+        "model_type": "qwen3_moe",
+        "max_position_embeddings": 262144,
+        "torch_dtype": "bfloat16",
+    },
+}
+
+QWEN3_5_STANDIN = '''\
+# The biv100.serving test lab's stand-in for the vendor's Qwen3.5 model file, which the CoreX
+# vLLM fork ships and upstream 0.10.1.1 lacks. It only has to exist and define the classes
+# the vendor's registry names.
+
+
+class Qwen3_5ForCausalLM:
+    """Lab stand-in for the vendor's text-only Qwen3.5 model."""
+
+
+class Qwen3_5ForConditionalGeneration:
+    """Lab stand-in for the vendor's multimodal Qwen3.5 model."""
+'''
+
+# The vendor's registry edit: (a line of the upstream 0.10.1.1 registry.py, the line the vendor
+# adds after it). The first anchor is in _TEXT_GENERATION_MODELS, the second in
+# _MULTIMODAL_MODELS.
+REGISTRY_ADDITIONS = (
+    (
+        '    "Qwen3MoeForCausalLM": ("qwen3_moe", "Qwen3MoeForCausalLM"),\n',
+        '    "Qwen3_5ForCausalLM": ("qwen3_5", "Qwen3_5ForCausalLM"),\n',
+    ),
+    (
+        '    "Qwen2_5OmniForConditionalGeneration": ("qwen2_5_omni_thinker",'
+        ' "Qwen2_5OmniThinkerForConditionalGeneration"),  # noqa: E501\n',
+        '    "Qwen3_5ForConditionalGeneration": ("qwen3_5",'
+        ' "Qwen3_5ForConditionalGeneration"),  # noqa: E501\n',
+    ),
+)
+
+
+class BuildError(RuntimeError):
+    pass
+
+
+@dataclass(frozen=True)
+class HostSpec:
+    index: int
+    name: str
+    variant: str
+    gpu_count: int
+
+
+def in_tree(tree: Path, host_path: str) -> Path:
+    """Where the host's `host_path` (under one of PRIVATE_MOUNTS) is in its tree."""
+    return tree / host_path.lstrip("/")
+
+
+def build_host_tree(tree: Path, host: HostSpec, vllm_release: Path, authorized_key: str) -> dict:
+    """Build the host's files under `tree`; return what was built, for lab.json."""
+    for mount in PRIVATE_MOUNTS:
+        in_tree(tree, mount).mkdir(parents=True)
+    site_packages = _make_venv(tree)
+    package = in_tree(tree, site_packages) / "vllm"
+    _copy_package(vllm_release / "vllm", package)
+    pkg_info = (vllm_release / "PKG-INFO").read_text()
+    version = _apply_variant(package, host.variant, _declared_version(pkg_info))
+    digests = _file_digests(package)
+    _write_dist_info(package.parent, _with_version(pkg_info, version), version, digests)
+    gpu_names = _write_ixsmi(tree, host)
+    models = _write_models(tree)
+    _authorize(tree, authorized_key)
+    return {
+        "vllm_version": version,
+        "interpreter": INTERPRETER,
+        "package_root": f"{site_packages}/vllm",
+        "gpu_names": gpu_names,
+        "models": models,
+        "registers_qwen3_5": host.variant == VENDOR,
+        "package_sha256": {path: digest.hex() for path, (digest, _) in digests.items()},
+    }
+
+
+def _make_venv(tree: Path) -> str:
+    """Create the host's venv; return its site-packages folder as the host sees it."""
+    # Made from the root namespace into the tree: the venv refers to its base interpreter by
+    # absolute path (shared by all hosts) and finds itself from its own location, so it works
+    # unchanged at VENV inside the host.
+    subprocess.run(
+        [SYSTEM_PYTHON, "-m", "venv", "--without-pip", str(in_tree(tree, VENV))],
+        check=True, capture_output=True,
+    )
+    lib = in_tree(tree, VENV) / "lib"
+    (site_packages,) = lib.glob("python3.*/site-packages")
+    return f"{VENV}/lib/{site_packages.relative_to(lib)}"
+
+
+def _copy_package(source: Path, package: Path) -> None:
+    # A real copy, never hard links: tests edit one host's files and the others must not change.
+    subprocess.run(["cp", "-R", "--preserve=mode,timestamps", str(source), str(package)],
+                   check=True, capture_output=True)
+
+
+def _declared_version(pkg_info: str) -> str:
+    return pkg_info.splitlines()[_version_line(pkg_info)].split(":", 1)[1].strip()
+
+
+def _with_version(pkg_info: str, version: str) -> str:
+    """The core metadata text with its Version header replaced, the rest byte for byte."""
+    lines = pkg_info.splitlines(keepends=True)
+    lines[_version_line(pkg_info)] = f"Version: {version}\n"
+    return "".join(lines)
+
+
+def _version_line(pkg_info: str) -> int:
+    headers = pkg_info.split("\n\n", 1)[0].splitlines()
+    for number, line in enumerate(headers):
+        if line.startswith("Version:"):
+            return number
+    raise BuildError("the release's PKG-INFO declares no Version")
+
+
+def _apply_variant(package: Path, variant: str, upstream_version: str) -> str:
+    """Make the package tree the variant's; return the version its metadata declares."""
+    if variant == UPSTREAM:
+        return upstream_version
+    models = package / "model_executor" / "models"
+    (models / "qwen3_5.py").write_text(QWEN3_5_STANDIN)
+    if variant == VENDOR:
+        _register_qwen3_5(models / "registry.py")
+    return upstream_version + VENDOR_LOCAL_VERSION
+
+
+def _register_qwen3_5(registry: Path) -> None:
+    text = registry.read_text()
+    for anchor, addition in REGISTRY_ADDITIONS:
+        if text.count(anchor) != 1:
+            raise BuildError(
+                f"{registry}: expected the line {anchor.strip()!r} exactly once, found it "
+                f"{text.count(anchor)} times; the vendor registry edit fits vLLM 0.10.1.1 only"
+            )
+        text = text.replace(anchor, anchor + addition)
+    registry.write_text(text)
+
+
+def _file_digests(package: Path) -> dict[str, tuple[bytes, int]]:
+    """sha256 digest and size of every file, keyed by its path relative to the package."""
+    digests = {}
+    for path in sorted(package.rglob("*")):
+        if path.is_file():
+            data = path.read_bytes()
+            relative = path.relative_to(package).as_posix()
+            digests[relative] = (hashlib.sha256(data).digest(), len(data))
+    return digests
+
+
+def _write_dist_info(site_packages: Path, metadata: str, version: str,
+                     digests: dict[str, tuple[bytes, int]]) -> None:
+    """Write the installed-package metadata `importlib.metadata` reads (and pip's RECORD)."""
+    dist_info = site_packages / f"vllm-{version}.dist-info"
+    dist_info.mkdir()
+    files = {"METADATA": metadata.encode(), "INSTALLER": b"biv100-lab\n"}
+    record = io.StringIO()
+    writer = csv.writer(record, lineterminator="\n")
+    for path, (digest, size) in digests.items():
+        writer.writerow([f"vllm/{path}", _record_hash(digest), size])
+    for name, data in files.items():
+        (dist_info / name).write_bytes(data)
+        writer.writerow([f"{dist_info.name}/{name}", _record_hash(hashlib.sha256(data).digest()),
+                         len(data)])
+    writer.writerow([f"{dist_info.name}/RECORD", "", ""])
+    (dist_info / "RECORD").write_text(record.getvalue())
+
+
+def _record_hash(digest: bytes) -> str:
+    return "sha256=" + base64.urlsafe_b64encode(digest).rstrip(b"=").decode()
+
+
+def _write_ixsmi(tree: Path, host: HostSpec) -> list[str]:
+    """Install the ixsmi stand-in and its GPU list; return the GPU names."""
+    command = in_tree(tree, f"{COREX_PREFIX}/bin/ixsmi")
+    command.parent.mkdir(parents=True)
+    shutil.copyfile(ixsmi.__file__, command)
+    command.chmod(0o755)
+    gpus = [_gpu(host, index) for index in range(host.gpu_count)]
+    config = {"gpus": gpus, "compute_processes": []}
+    in_tree(tree, f"{COREX_PREFIX}/{ixsmi.CONFIG_NAME}").write_text(json.dumps(config, indent=2))
+    return [gpu["name"] for gpu in gpus]
+
+
+def _gpu(host: HostSpec, index: int) -> dict:
+    # Stable UUIDs across rebuilds, so a test can name a GPU of a host.
+    gpu_uuid = uuid.uuid5(uuid.NAMESPACE_URL, f"biv100-lab/{host.name}/gpu{index}")
+    return {
+        "index": index,
+        "name": GPU_NAME,
+        "uuid": f"GPU-{gpu_uuid}",
+        "memory_total_mib": GPU_MEMORY_MIB,
+        "memory_used_mib": 0,
+        "utilization_gpu_pct": 0,
+        "temperature_gpu_c": GPU_IDLE_TEMPERATURE_C,
+    }
+
+
+def _write_models(tree: Path) -> dict:
+    models = {}
+    for name, config in MODEL_CONFIGS.items():
+        model_path = f"{MODELS_DIR}/{name}"
+        in_tree(tree, model_path).mkdir(parents=True)
+        (in_tree(tree, model_path) / "config.json").write_text(json.dumps(config, indent=2))
+        models[name] = {"path": model_path, "architectures": config["architectures"]}
+    return models
+
+
+def _authorize(tree: Path, public_key: str) -> None:
+    # sshd's StrictModes refuses keys in a home or .ssh folder others can write to.
+    home = in_tree(tree, "/root")
+    home.chmod(0o700)
+    (home / ".ssh").mkdir(mode=0o700)
+    authorized_keys = home / ".ssh" / "authorized_keys"
+    authorized_keys.write_text(public_key)
+    authorized_keys.chmod(0o600)

@@ -1,0 +1,911 @@
+"""The project's test lab: BI-V100-like hosts made of network namespaces on this machine.
+
+Host i is the network namespace `lab-h<i>` at 10.77.0.(10+i), reached from the machine through
+a bridge, with its own sshd started in a private mount namespace where the host's own folders
+are bind-mounted over /opt, /root, /usr/local/corex and the collection's state, config and log
+folders, plus a tmpfs over /run. What the hosts hold is built by host_tree.py.
+
+    python tests/lab/lab.py up [--hosts N] [--gpus h2=2,h3=8] [--rebuild]
+    python tests/lab/lab.py status
+    python tests/lab/lab.py down
+
+The lab dir (env BIV100_LAB_DIR, default /tmp/biv100-lab) holds everything the lab makes: the
+ssh keys, known_hosts, each host's tree, sshd config, pid file and log, and lab.json, the
+description of what was built. `up` also writes inventory/lab/hosts.yml for that lab.
+
+Namespace names, addresses and the bridge belong to the whole machine, so one lab can be up at a
+time. The bridge's alias names the lab dir that owns it: a lab command given another lab dir
+refuses instead of taking over or tearing down a lab it did not build.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import fcntl
+import json
+import logging
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import host_tree
+import vllm_sources
+
+log = logging.getLogger("biv100.lab")
+
+LAB_DIR_ENV = "BIV100_LAB_DIR"
+DEFAULT_LAB_DIR = "/tmp/biv100-lab"
+REPO_ROOT = Path(__file__).resolve().parents[2]
+INVENTORY_PATH = REPO_ROOT / "inventory" / "lab" / "hosts.yml"
+
+DEFAULT_HOSTS = 4
+MAX_HOSTS = 16
+DEFAULT_GPUS = 4
+MAX_GPUS = 16
+BRIDGE = "biv100-lab"
+SUBNET = "10.77.0.0/24"
+SSH_PORT = 22
+# Taken around every up and down: two commands must not build or remove the same machine-wide
+# namespaces at once.
+MACHINE_LOCK = Path("/run/lock/biv100-lab.lock")
+NETNS_DIR = "/run/netns"
+# ansible.cfg's control_path_dir and control_path: where Ansible's ssh masters to the hosts are.
+ANSIBLE_CONTROL_PATH = str(Path.home() / ".ansible" / "cp" / "%C")
+
+READY_TIMEOUT_SECONDS = 10
+STOP_GRACE_SECONDS = 3
+# Building a host is mostly creating 1,400 files, a venv and hashing, all kernel or CPU time:
+# one worker per core. More only contend (on 2 cores and ext4, 4 workers were 30 % slower).
+BUILD_WORKERS = os.cpu_count() or 1
+
+
+class LabError(RuntimeError):
+    """The lab cannot do what was asked; the message says why and what to do."""
+
+
+class LabNotUpError(LabError):
+    pass
+
+
+class LabBusyError(LabError):
+    """Another lab dir owns the machine's lab namespaces."""
+
+
+def host_name(index: int) -> str:
+    return f"lab-h{index}"
+
+
+def host_ip(index: int) -> str:
+    return f"10.77.0.{10 + index}"
+
+
+def variant_of(index: int) -> str:
+    return host_tree.VARIANTS[(index - 1) % len(host_tree.VARIANTS)]
+
+
+def _veth_name(index: int) -> str:
+    """The host's veth end in the root namespace (the end inside the host is eth0)."""
+    return f"biv100-h{index}"
+
+
+@dataclass(frozen=True)
+class LabDir:
+    """Where each of the lab's files is in the lab dir."""
+
+    root: Path
+
+    @property
+    def record(self) -> Path:
+        return self.root / "lab.json"
+
+    @property
+    def private_key(self) -> Path:
+        return self.root / "id_ed25519"
+
+    @property
+    def public_key(self) -> Path:
+        return self.root / "id_ed25519.pub"
+
+    @property
+    def known_hosts(self) -> Path:
+        return self.root / "known_hosts"
+
+    @property
+    def hosts(self) -> Path:
+        return self.root / "hosts"
+
+    def host(self, index: int) -> Path:
+        return self.hosts / f"h{index}"
+
+    def tree(self, index: int) -> Path:
+        return self.host(index) / "fs"
+
+    def sshd_config(self, index: int) -> Path:
+        return self.host(index) / "sshd_config"
+
+    def host_key(self, index: int) -> Path:
+        return self.host(index) / "ssh_host_ed25519_key"
+
+    def host_public_key(self, index: int) -> Path:
+        return self.host(index) / "ssh_host_ed25519_key.pub"
+
+    def pid_file(self, index: int) -> Path:
+        return self.host(index) / "sshd.pid"
+
+    def sshd_log(self, index: int) -> Path:
+        return self.host(index) / "sshd.log"
+
+    def built_host_indices(self) -> list[int]:
+        if not self.hosts.is_dir():
+            return []
+        return sorted(int(path.name[1:]) for path in self.hosts.glob("h[0-9]*"))
+
+
+@dataclass(frozen=True)
+class LabHost:
+    name: str
+    index: int
+    ip: str
+    variant: str
+    gpu_count: int
+    gpu_names: list[str]
+    vllm_version: str  # what the package metadata says
+    interpreter: str  # host view
+    package_root: str  # host view of the vllm package folder
+    models: dict[str, dict]  # model name -> {"path": host view, "architectures": [...]}
+    registers_qwen3_5: bool
+    package_sha256: dict[str, str]  # path relative to package_root -> sha256, as built
+    tree: str  # the root-namespace folder that mirrors the host's private mounts
+    sshd_pid: int
+
+    @property
+    def model_paths(self) -> dict[str, str]:
+        return {name: model["path"] for name, model in self.models.items()}
+
+    def path(self, host_path: str) -> Path:
+        """Where the host's file `host_path` is, seen from the root namespace.
+
+        Only the host's private paths have such a place: the folders in
+        host_tree.PRIVATE_MOUNTS (in the host's tree) and /run (the tmpfs of the host's mount
+        namespace, reachable while its sshd runs).
+        """
+        normalized = os.path.normpath(host_path)
+        if not os.path.isabs(normalized):
+            raise ValueError(f"{host_path!r} is not an absolute path")
+        if _is_under(normalized, "/run"):
+            return Path(f"/proc/{self.sshd_pid}/root{normalized}")
+        if any(_is_under(normalized, mount) for mount in host_tree.PRIVATE_MOUNTS):
+            return host_tree.in_tree(Path(self.tree), normalized)
+        raise ValueError(
+            f"{host_path} is not private to {self.name}: only "
+            f"{', '.join(host_tree.PRIVATE_MOUNTS)} and /run are; the rest is the machine's"
+        )
+
+
+@dataclass(frozen=True)
+class Lab:
+    dir: Path
+    inventory_path: Path
+    hosts: list[LabHost]
+
+    @property
+    def private_key(self) -> Path:
+        return LabDir(self.dir).private_key
+
+    @property
+    def known_hosts(self) -> Path:
+        return LabDir(self.dir).known_hosts
+
+    def host(self, name: str) -> LabHost:
+        for host in self.hosts:
+            if host.name == name:
+                return host
+        raise KeyError(f"the lab has no host {name!r}")
+
+    def ssh_command(self, host: LabHost, *remote_command: str) -> list[str]:
+        """An ssh command line to `host` as root, host keys checked against the lab's."""
+        return [
+            "ssh", "-F", "none", "-i", str(self.private_key), "-o", "IdentitiesOnly=yes",
+            "-o", f"UserKnownHostsFile={self.known_hosts}", "-o", "StrictHostKeyChecking=yes",
+            "-o", "BatchMode=yes", f"root@{host.ip}", *remote_command,
+        ]
+
+
+# --- public API ------------------------------------------------------------------------------
+
+
+def up(n_hosts: int = DEFAULT_HOSTS, gpus: dict[str, int] | None = None,
+       lab_dir: str | Path | None = None, rebuild: bool = False) -> Lab:
+    """Bring the lab up with `n_hosts` hosts, or return it if it is up as asked already.
+
+    `gpus` maps host names ("h2" or "lab-h2") to GPU counts (DEFAULT_GPUS for the others).
+    A lab that is up and healthy with other host or GPU counts is refused unless `rebuild`;
+    one that is broken or half-built is removed and built again.
+    """
+    layout = LabDir(resolve_lab_dir(lab_dir))
+    gpu_counts = _gpu_counts(n_hosts, gpus or {})
+    with _machine_lock():
+        _refuse_lab_owned_elsewhere(layout)
+        if not rebuild:
+            existing = _healthy_lab_or_none(layout)
+            if existing:
+                return _existing_if_as_asked(existing, gpu_counts)
+        _teardown(layout)
+        try:
+            return _build(layout, gpu_counts)
+        except BaseException:
+            log.error("up failed; removing what it built")
+            _teardown(layout)
+            raise
+
+
+def down(lab_dir: str | Path | None = None) -> None:
+    """Take the lab down, whole or half-built; a no-op when nothing is up."""
+    layout = LabDir(resolve_lab_dir(lab_dir))
+    with _machine_lock():
+        _refuse_lab_owned_elsewhere(layout)
+        if not _teardown(layout):
+            log.info("no lab is up in %s: nothing to take down", layout.root)
+
+
+def load(lab_dir: str | Path | None = None) -> Lab:
+    """The lab that is up in the lab dir; LabNotUpError if none is, or it is unhealthy."""
+    layout = LabDir(resolve_lab_dir(lab_dir))
+    lab = _read_lab(layout)
+    problems = _health_problems(lab)
+    if problems:
+        raise LabNotUpError(
+            f"the lab in {layout.root} is broken: {'; '.join(problems)}. "
+            "Rebuild it: python tests/lab/lab.py up --rebuild"
+        )
+    return lab
+
+
+def running_lab_dir() -> Path | None:
+    """The lab dir of the lab that is up (or half up) on this machine, if any."""
+    return _bridge_owner()
+
+
+def resolve_lab_dir(lab_dir: str | Path | None = None) -> Path:
+    path = Path(lab_dir or os.environ.get(LAB_DIR_ENV) or DEFAULT_LAB_DIR).resolve()
+    if any(character.isspace() for character in str(path)):
+        raise LabError(f"the lab dir {str(path)!r} contains white space, which sshd_config and "
+                       "the launch script cannot carry; choose another")
+    for hidden in (*host_tree.PRIVATE_MOUNTS, "/run"):
+        if _is_under(str(path), hidden):
+            raise LabError(
+                f"the lab dir {path} is under {hidden}, which every lab host mounts over: its "
+                f"sshd could not read its own files. Choose another, e.g. {DEFAULT_LAB_DIR}"
+            )
+    return path
+
+
+# --- state of the machine and of the lab dir -------------------------------------------------
+
+
+def _is_under(path: str, folder: str) -> bool:
+    return path == folder or path.startswith(folder.rstrip("/") + "/")
+
+
+@contextlib.contextmanager
+def _machine_lock():
+    with open(MACHINE_LOCK, "w") as lock:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            log.info("another lab command is running; waiting for it to finish")
+            fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
+
+
+def _run(command: list[str], **kwargs) -> subprocess.CompletedProcess:
+    """Run a command that must succeed; its stderr is in the error if it does not."""
+    result = subprocess.run(command, capture_output=True, text=True, **kwargs)
+    if result.returncode != 0:
+        raise LabError(f"{' '.join(command)} failed ({result.returncode}): {result.stderr.strip()}")
+    return result
+
+
+def _bridge_owner() -> Path | None:
+    """The lab dir recorded on the lab's bridge, if the bridge exists and has one."""
+    result = subprocess.run(["ip", "-j", "link", "show", "dev", BRIDGE],
+                            capture_output=True, text=True)
+    if result.returncode != 0:
+        return None
+    alias = json.loads(result.stdout)[0].get("ifalias")
+    return Path(alias) if alias else None
+
+
+def _lab_netns_indices() -> list[int]:
+    names = _run(["ip", "netns", "list"]).stdout.split()
+    return sorted(int(name[len("lab-h"):]) for name in names
+                  if name.startswith("lab-h") and name[len("lab-h"):].isdigit())
+
+
+def _refuse_lab_owned_elsewhere(layout: LabDir) -> None:
+    owner = _bridge_owner()
+    if owner and owner != layout.root and (owner / "lab.json").exists():
+        raise LabBusyError(
+            f"the lab that is up on this machine was built in {owner}, not {layout.root}; only "
+            f"one lab can be up at a time. Take it down first: "
+            f"{LAB_DIR_ENV}={owner} python tests/lab/lab.py down"
+        )
+
+
+def _read_lab(layout: LabDir) -> Lab:
+    record = _read_record(layout)
+    if record["state"] != "up":
+        raise LabNotUpError(
+            f"the up in {layout.root} did not finish. Take what it built down "
+            "(python tests/lab/lab.py down) or run up again"
+        )
+    return Lab(dir=layout.root, inventory_path=Path(record["inventory_path"]),
+               hosts=[LabHost(**host) for host in record["hosts"]])
+
+
+def _read_record(layout: LabDir) -> dict:
+    try:
+        return json.loads(layout.record.read_text())
+    except FileNotFoundError:
+        raise LabNotUpError(
+            f"no lab is up in {layout.root}. Start one: python tests/lab/lab.py up"
+        ) from None
+
+
+def _healthy_lab_or_none(layout: LabDir) -> Lab | None:
+    try:
+        lab = _read_lab(layout)
+    except LabNotUpError:
+        return None
+    problems = _health_problems(lab)
+    if problems:
+        log.info("the lab in %s is broken (%s): rebuilding it", layout.root, "; ".join(problems))
+        return None
+    return lab
+
+
+def _health_problems(lab: Lab) -> list[str]:
+    layout = LabDir(lab.dir)
+    problems = []
+    if _bridge_owner() != lab.dir:
+        problems.append(f"the bridge {BRIDGE} is missing or not this lab's")
+    for host in lab.hosts:
+        if not _is_our_sshd(host.sshd_pid, layout, host.index):
+            problems.append(f"{host.name}'s sshd (pid {host.sshd_pid}) is not running")
+        elif not _accepts_tcp(host.ip):
+            problems.append(f"{host.name}'s sshd does not accept connections on {host.ip}")
+    return problems
+
+
+def _existing_if_as_asked(lab: Lab, gpu_counts: list[int]) -> Lab:
+    built = [host.gpu_count for host in lab.hosts]
+    if built != gpu_counts:
+        raise LabError(
+            f"the lab in {lab.dir} is up with {_describe(built)}, not {_describe(gpu_counts)}. "
+            f"Take it down first, or run: python tests/lab/lab.py up --rebuild"
+        )
+    log.info("the lab in %s is already up and healthy with %d hosts: nothing to do",
+             lab.dir, len(lab.hosts))
+    return lab
+
+
+def _describe(gpu_counts: list[int]) -> str:
+    return f"{len(gpu_counts)} hosts (GPUs per host: {' '.join(map(str, gpu_counts))})"
+
+
+def _gpu_counts(n_hosts: int, gpus: dict[str, int]) -> list[int]:
+    """GPU count per host, host 1 first, from the hosts the `gpus` mapping names."""
+    if not 1 <= n_hosts <= MAX_HOSTS:
+        raise LabError(f"the lab has 1 to {MAX_HOSTS} hosts, not {n_hosts}")
+    counts = [DEFAULT_GPUS] * n_hosts
+    for name, count in gpus.items():
+        index_text = name.removeprefix("lab-").removeprefix("h")
+        if not index_text.isdigit() or not 1 <= int(index_text) <= n_hosts:
+            raise LabError(f"GPU count for {name!r}: the lab's hosts are h1 to h{n_hosts}")
+        if not 0 <= count <= MAX_GPUS:
+            raise LabError(f"GPU count for {name!r}: {count} is not between 0 and {MAX_GPUS}")
+        counts[int(index_text) - 1] = count
+    return counts
+
+
+# --- up --------------------------------------------------------------------------------------
+
+
+class _PhaseTimer:
+    def __init__(self):
+        self.phases: list[tuple[str, float]] = []
+
+    @contextlib.contextmanager
+    def __call__(self, phase: str):
+        start = time.monotonic()
+        yield
+        self.phases.append((phase, time.monotonic() - start))
+
+    def summary(self) -> str:
+        return ", ".join(f"{phase} {seconds:.2f} s" for phase, seconds in self.phases)
+
+
+def _build(layout: LabDir, gpu_counts: list[int]) -> Lab:
+    specs = [
+        host_tree.HostSpec(index, host_name(index), variant_of(index), gpu_count)
+        for index, gpu_count in enumerate(gpu_counts, start=1)
+    ]
+    timer = _PhaseTimer()
+    route_source = _root_namespace_ipv4()
+    layout.root.mkdir(parents=True, exist_ok=True)
+    # Written first, so that a down after an interrupted up knows what to restore.
+    machine_changes = {
+        "created_mount_points": [path for path in host_tree.PRIVATE_MOUNTS
+                                 if not os.path.exists(path)],
+        "netns_dir_before": _netns_dir_state(),
+    }
+    _write_record(layout, {"state": "building", **machine_changes})
+    with timer("host trees"):
+        vllm_release = vllm_sources.ensure_tree(vllm_sources.LAB_BASE_VERSION)
+        _make_key(layout.private_key, "biv100-lab")
+        public_key = layout.public_key.read_text()
+        with ThreadPoolExecutor(max_workers=BUILD_WORKERS) as pool:
+            built = list(pool.map(
+                lambda spec: _build_host(layout, spec, vllm_release, public_key), specs
+            ))
+    with timer("network"):
+        _make_network(layout, len(specs), route_source)
+    with timer("sshd"):
+        for path in machine_changes["created_mount_points"]:
+            os.makedirs(path)  # what the hosts' bind mounts go over
+        sshd_pids = _start_sshds(layout, specs)
+    hosts = [
+        LabHost(name=spec.name, index=spec.index, ip=host_ip(spec.index), variant=spec.variant,
+                gpu_count=spec.gpu_count, tree=str(layout.tree(spec.index)), sshd_pid=pid,
+                **description)
+        for spec, description, pid in zip(specs, built, sshd_pids)
+    ]
+    lab = Lab(dir=layout.root, inventory_path=INVENTORY_PATH, hosts=hosts)
+    _write_known_hosts(layout, specs)
+    _write_inventory(lab)
+    _write_record(layout, {"state": "up", **machine_changes,
+                           "inventory_path": str(INVENTORY_PATH),
+                           "hosts": [asdict(host) for host in hosts]})
+    with timer("ssh check"):
+        _check_ssh(lab)
+    log.info("built %d hosts in %s (%s)", len(hosts), layout.root, timer.summary())
+    return lab
+
+
+def _write_record(layout: LabDir, record: dict) -> None:
+    staged = _staged(layout.record)
+    staged.write_text(json.dumps(record, indent=1, sort_keys=True))
+    os.replace(staged, layout.record)  # a reader never sees half a record
+
+
+def _staged(path: Path) -> Path:
+    return path.with_name(path.name + ".tmp")
+
+
+def _root_namespace_ipv4() -> str:
+    """The machine's own address that the hosts route back to (they reach nothing else)."""
+    interfaces = json.loads(_run(["ip", "-j", "-4", "addr", "show", "scope", "global"]).stdout)
+    for interface in interfaces:
+        if interface.get("addr_info"):
+            return interface["addr_info"][0]["local"]
+    raise LabError("the root namespace has no global IPv4 address for the hosts to route to")
+
+
+def _netns_dir_state() -> str:
+    """'absent', 'dir' or 'mount': `ip netns add` makes /run/netns a mount point of itself."""
+    if not os.path.isdir(NETNS_DIR):
+        return "absent"
+    return "mount" if _is_mount_point(NETNS_DIR) else "dir"
+
+
+def _is_mount_point(path: str) -> bool:
+    # os.path.ismount misses a folder bind-mounted onto itself (same device, same inode).
+    with open("/proc/self/mountinfo") as mountinfo:
+        return any(line.split()[4] == path for line in mountinfo)
+
+
+def _make_key(private_key: Path, comment: str) -> None:
+    """Make an ed25519 key pair without a passphrase (ssh-keygen adds .pub for the public key)."""
+    _run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", comment, "-f", str(private_key)])
+
+
+def _build_host(layout: LabDir, spec: host_tree.HostSpec, vllm_release: Path,
+                public_key: str) -> dict:
+    description = host_tree.build_host_tree(layout.tree(spec.index), spec, vllm_release,
+                                            public_key)
+    _make_key(layout.host_key(spec.index), spec.name)
+    layout.sshd_config(spec.index).write_text(_sshd_config(layout, spec.index))
+    return description
+
+
+def _sshd_config(layout: LabDir, index: int) -> str:
+    return "\n".join([
+        f"ListenAddress {host_ip(index)}:{SSH_PORT}",
+        f"HostKey {layout.host_key(index)}",
+        f"PidFile {layout.pid_file(index)}",
+        "PermitRootLogin prohibit-password",
+        "PubkeyAuthentication yes",
+        "PasswordAuthentication no",
+        "KbdInteractiveAuthentication no",
+        "UsePAM no",
+        # The keys live in the host's private /root, made 0700 by host_tree, so sshd's
+        # ownership and mode checks hold as on a real host.
+        "StrictModes yes",
+        # Ansible opens a burst of connections and sessions per host at the start of a run.
+        "MaxStartups 100:30:200",
+        "MaxSessions 100",
+        "PrintMotd no",
+        "Subsystem sftp /usr/lib/openssh/sftp-server",
+        "",
+    ])
+
+
+def _make_network(layout: LabDir, n_hosts: int, route_source: str) -> None:
+    # addrgenmode none: no IPv6 link-local addresses, so the lab sends no traffic of its own.
+    commands = [
+        f"link add name {BRIDGE} type bridge",
+        f"link set dev {BRIDGE} addrgenmode none",
+        f"link set dev {BRIDGE} alias {layout.root}",
+        f"link set dev {BRIDGE} up",
+    ]
+    for index in range(1, n_hosts + 1):
+        commands += [
+            f"netns add {host_name(index)}",
+            f"link add name {_veth_name(index)} type veth peer name eth0 netns {host_name(index)}",
+            f"link set dev {_veth_name(index)} addrgenmode none",
+            f"link set dev {_veth_name(index)} master {BRIDGE} up",
+        ]
+    commands.append(f"route add {SUBNET} dev {BRIDGE} src {route_source}")
+    _ip_batch(commands)
+    for index in range(1, n_hosts + 1):
+        _ip_batch([
+            "link set dev lo up",
+            "link set dev eth0 addrgenmode none",
+            f"addr add {host_ip(index)}/24 dev eth0",
+            "link set dev eth0 up",
+            # The one way out: back to the machine's own address.
+            f"route add {route_source}/32 dev eth0",
+        ], netns=host_name(index))
+
+
+def _ip_batch(commands: list[str], netns: str | None = None) -> None:
+    """Run `ip` commands in one process, stopping at the first that fails."""
+    in_netns = ["-n", netns] if netns else []
+    _run(["ip", *in_netns, "-batch", "-"], input="\n".join(commands) + "\n")
+
+
+def _start_sshds(layout: LabDir, specs: list[host_tree.HostSpec]) -> list[int]:
+    """Start every host's sshd at once; return their pids once each accepts connections."""
+    launches = [
+        subprocess.Popen(
+            ["ip", "netns", "exec", spec.name, "unshare", "--mount", "--uts",
+             "--propagation", "private", "sh", "-ec", _launch_script(layout, spec)],
+            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+            text=True,
+        )
+        for spec in specs
+    ]
+    # sshd forks into the background once it is set up; the foreground process then exits.
+    for spec, launch in zip(specs, launches):
+        _, stderr = launch.communicate(timeout=READY_TIMEOUT_SECONDS)
+        if launch.returncode != 0:
+            raise LabError(f"{spec.name}'s sshd did not start: {stderr.strip()}"
+                           f"{_log_tail(layout.sshd_log(spec.index))}")
+    return [_wait_until_serving(layout, spec) for spec in specs]
+
+
+def _launch_script(layout: LabDir, spec: host_tree.HostSpec) -> str:
+    tree = layout.tree(spec.index)
+    # mount -n: util-linux would otherwise keep its notes in the machine's /run/mount.
+    binds = [f"mount -n --bind {host_tree.in_tree(tree, path)} {path}"
+             for path in host_tree.PRIVATE_MOUNTS]
+    return "\n".join([
+        f"hostname {spec.name}",
+        *binds,
+        "mount -n -t tmpfs -o mode=755 tmpfs /run",
+        "mkdir -p /run/sshd",  # sshd's privilege separation folder
+        f"exec /usr/sbin/sshd -f {layout.sshd_config(spec.index)} "
+        f"-E {layout.sshd_log(spec.index)}",
+    ])
+
+
+def _wait_until_serving(layout: LabDir, spec: host_tree.HostSpec) -> int:
+    deadline = time.monotonic() + READY_TIMEOUT_SECONDS
+    while time.monotonic() < deadline:
+        pid = _recorded_pid(layout.pid_file(spec.index))
+        if pid and _accepts_tcp(host_ip(spec.index)):
+            return pid
+        time.sleep(0.02)
+    raise LabError(f"{spec.name}'s sshd is not serving after {READY_TIMEOUT_SECONDS} s"
+                   f"{_log_tail(layout.sshd_log(spec.index))}")
+
+
+def _accepts_tcp(ip: str) -> bool:
+    try:
+        with socket.create_connection((ip, SSH_PORT), timeout=1):
+            return True
+    except OSError:
+        return False
+
+
+def _recorded_pid(pid_file: Path) -> int | None:
+    try:
+        return int(pid_file.read_text())
+    except (FileNotFoundError, ValueError):
+        return None
+
+
+def _log_tail(path: Path, lines: int = 10) -> str:
+    try:
+        return f"\n{path} ends with:\n" + "\n".join(path.read_text().splitlines()[-lines:])
+    except FileNotFoundError:
+        return ""
+
+
+def _write_known_hosts(layout: LabDir, specs: list[host_tree.HostSpec]) -> None:
+    lines = []
+    for spec in specs:
+        public_key = layout.host_public_key(spec.index).read_text()
+        lines.append(f"{host_ip(spec.index)} {public_key.strip()}\n")
+    layout.known_hosts.write_text("".join(lines))
+
+
+def _check_ssh(lab: Lab) -> None:
+    """Log in to every host the way tests and Ansible do; each must say its own name."""
+    def hostname_of(host: LabHost) -> str:
+        result = subprocess.run(lab.ssh_command(host, "hostname"), capture_output=True,
+                                text=True, timeout=30)
+        return result.stdout.strip() or result.stderr.strip()
+
+    with ThreadPoolExecutor(max_workers=len(lab.hosts)) as pool:
+        answers = list(pool.map(hostname_of, lab.hosts))
+    wrong = [f"{host.name}: {answer}" for host, answer in zip(lab.hosts, answers)
+             if answer != host.name]
+    if wrong:
+        raise LabError("ssh to the hosts failed: " + "; ".join(wrong))
+
+
+# --- inventory -------------------------------------------------------------------------------
+
+
+def _inventory_marker(lab_dir: Path) -> str:
+    return f"# lab dir: {lab_dir}\n"
+
+
+def _write_inventory(lab: Lab) -> None:
+    """inventory/lab/hosts.yml for the lab (its group_vars sit beside it, committed)."""
+    group_vars = {
+        "ansible_user": "root",
+        "ansible_ssh_private_key_file": str(lab.private_key),
+        "ansible_python_interpreter": host_tree.INTERPRETER,
+        "ansible_ssh_common_args": f"-o UserKnownHostsFile={lab.known_hosts} "
+                                   "-o StrictHostKeyChecking=yes",
+        # What the lab built, for verifications that compare the collection's facts with it.
+        "lab_record": str(LabDir(lab.dir).record),
+    }
+    lines = [
+        "# Written by tests/lab/lab.py up and removed by its down: do not edit.\n",
+        _inventory_marker(lab.dir),
+        "biv100:\n",
+        "  vars:\n",
+        *(f"    {key}: {json.dumps(value)}\n" for key, value in group_vars.items()),
+        "  hosts:\n",
+        *(f"    {host.name}:\n      ansible_host: {host.ip}\n" for host in lab.hosts),
+        "  children:\n",
+    ]
+    for variant in host_tree.VARIANTS:
+        members = [host.name for host in lab.hosts if host.variant == variant]
+        group = "lab_" + variant.replace("-", "_")
+        lines.append(f"    {group}:\n      hosts:\n" if members else f"    {group}: {{}}\n")
+        lines += [f"        {name}:\n" for name in members]
+    lab.inventory_path.write_text("".join(lines))
+
+
+# --- down ------------------------------------------------------------------------------------
+
+
+def _teardown(layout: LabDir) -> bool:
+    """Remove the lab, whole or half-built; return whether there was anything to remove."""
+    record = _read_record_if_any(layout)
+    indices = sorted(set(_lab_netns_indices()) | set(layout.built_host_indices()))
+    if not (indices or record or _link_exists(BRIDGE)):
+        return False
+    _close_ssh_masters(indices)
+    _stop_processes(layout, indices)
+    _remove_network(indices)
+    if record:
+        _restore_machine_dirs(record)
+    _remove_inventory(layout)
+    _remove_lab_files(layout)
+    log.info("took the lab in %s down", layout.root)
+    return True
+
+
+def _read_record_if_any(layout: LabDir) -> dict | None:
+    try:
+        return _read_record(layout)
+    except LabNotUpError:
+        return None
+
+
+def _close_ssh_masters(indices: list[int]) -> None:
+    # A master left running would outlive its host and hang the next run that reuses its socket.
+    closers = [
+        subprocess.Popen(["ssh", "-F", "none", "-o", f"ControlPath={ANSIBLE_CONTROL_PATH}",
+                          "-O", "exit", f"root@{host_ip(index)}"],
+                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        for index in indices
+    ]
+    for closer in closers:
+        closer.wait()
+
+
+def _stop_processes(layout: LabDir, indices: list[int]) -> None:
+    """Stop the hosts' sshds, then whatever else still runs in the hosts' namespaces."""
+    recorded = [pid for index in indices
+                if (pid := _recorded_pid(layout.pid_file(index)))
+                and _is_our_sshd(pid, layout, index)]
+    _signal(recorded, signal.SIGTERM)
+    in_namespaces = [int(pid) for name in map(host_name, _lab_netns_indices())
+                     for pid in _run(["ip", "netns", "pids", name]).stdout.split()]
+    _signal(in_namespaces, signal.SIGTERM)
+    survivors = _wait_for_exit(recorded + in_namespaces, STOP_GRACE_SECONDS)
+    if survivors:
+        log.info("killing processes that outlived SIGTERM: %s", survivors)
+        _signal(survivors, signal.SIGKILL)
+        _wait_for_exit(survivors, STOP_GRACE_SECONDS)
+
+
+def _is_our_sshd(pid: int, layout: LabDir, index: int) -> bool:
+    """Whether `pid` still is the host's sshd, not a process that reused its pid."""
+    try:
+        command_line = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except (FileNotFoundError, ProcessLookupError):
+        return False
+    # A substring test: sshd rewrites its command line ("sshd: /usr/sbin/sshd -f ... [listener]").
+    return str(layout.sshd_config(index)).encode() in command_line and is_running(pid)
+
+
+def is_running(pid: int) -> bool:
+    """Whether the process runs; a zombie does not (this machine's PID 1 reaps no orphans, so
+    a killed daemon stays a zombie)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except (FileNotFoundError, ProcessLookupError):
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+
+
+def _signal(pids: list[int], signum: int) -> None:
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signum)
+
+
+def _wait_for_exit(pids: list[int], timeout: float) -> list[int]:
+    """Wait until the processes are gone; return those still running at the timeout."""
+    deadline = time.monotonic() + timeout
+    running = [pid for pid in pids if is_running(pid)]
+    while running and time.monotonic() < deadline:
+        time.sleep(0.02)
+        running = [pid for pid in running if is_running(pid)]
+    return running
+
+
+def _remove_network(indices: list[int]) -> None:
+    commands = [f"link del dev {_veth_name(index)}" for index in indices
+                if _link_exists(_veth_name(index))]
+    commands += [f"netns del {host_name(index)}" for index in _lab_netns_indices()]
+    if _link_exists(BRIDGE):
+        commands.append(f"link del dev {BRIDGE}")  # takes its route to the hosts with it
+    if commands:
+        _ip_batch(commands)
+
+
+def _link_exists(name: str) -> bool:
+    return subprocess.run(["ip", "link", "show", "dev", name], capture_output=True).returncode == 0
+
+
+def _restore_machine_dirs(record: dict) -> None:
+    """Remove the mount points up created and undo `ip netns add`'s mount of /run/netns."""
+    for path in record["created_mount_points"]:
+        with contextlib.suppress(OSError):
+            os.rmdir(path)  # only if still there and empty: something else may use it since
+    if (record["netns_dir_before"] != "mount" and os.path.isdir(NETNS_DIR)
+            and not os.listdir(NETNS_DIR)):
+        if _is_mount_point(NETNS_DIR):
+            _run(["umount", "-n", NETNS_DIR])
+        if record["netns_dir_before"] == "absent":
+            os.rmdir(NETNS_DIR)
+
+
+def _remove_inventory(layout: LabDir) -> None:
+    with contextlib.suppress(FileNotFoundError):
+        if _inventory_marker(layout.root) in INVENTORY_PATH.read_text():
+            INVENTORY_PATH.unlink()
+
+
+def _remove_lab_files(layout: LabDir) -> None:
+    with ThreadPoolExecutor(max_workers=BUILD_WORKERS) as pool:
+        list(pool.map(lambda index: shutil.rmtree(layout.host(index)),
+                      layout.built_host_indices()))
+    with contextlib.suppress(FileNotFoundError):
+        layout.hosts.rmdir()
+    for path in (layout.record, _staged(layout.record), layout.known_hosts, layout.private_key,
+                 layout.public_key):
+        path.unlink(missing_ok=True)
+    with contextlib.suppress(OSError):
+        layout.root.rmdir()  # only if empty: the lab dir may be a folder the user had before
+
+
+# --- command line ----------------------------------------------------------------------------
+
+
+def _parse_gpus(text: str) -> dict[str, int]:
+    """`h2=2,h3=8` -> {"h2": 2, "h3": 8}."""
+    gpus = {}
+    for item in filter(None, text.split(",")):
+        name, _, count = item.partition("=")
+        if not count.isdigit():
+            raise argparse.ArgumentTypeError(f"{item!r} is not HOST=COUNT, e.g. h2=2")
+        gpus[name.strip()] = int(count)
+    return gpus
+
+
+def _print_status(layout: LabDir) -> int:
+    try:
+        lab = load(layout.root)
+    except LabError as error:
+        print(error)
+        running = running_lab_dir()
+        if running and running != layout.root:
+            print(f"the lab that is up on this machine is in {running}")
+        return 1
+    print(f"lab up in {lab.dir}, {len(lab.hosts)} hosts, inventory {lab.inventory_path}")
+    for host in lab.hosts:
+        print(f"  {host.name:<7} {host.ip:<11} {host.variant:<19} {host.gpu_count:>2} GPUs  "
+              f"vllm {host.vllm_version:<22} sshd pid {host.sshd_pid}")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="lab.py", description=__doc__.split("\n\n")[0])
+    commands = parser.add_subparsers(dest="command", required=True)
+    up_parser = commands.add_parser("up", help="build the lab's hosts and start them")
+    up_parser.add_argument("--hosts", type=int, default=DEFAULT_HOSTS,
+                           help=f"number of hosts, 1 to {MAX_HOSTS} (default {DEFAULT_HOSTS})")
+    up_parser.add_argument("--gpus", type=_parse_gpus, default={},
+                           help="GPU counts of some hosts, e.g. h2=2,h3=8 (default 4 each)")
+    up_parser.add_argument("--rebuild", action="store_true",
+                           help="take the lab down first, even if it is up as asked")
+    commands.add_parser("down", help="stop the hosts and remove everything the lab made")
+    commands.add_parser("status", help="say whether the lab is up and healthy")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stdout)
+    start = time.monotonic()
+    try:
+        if args.command == "status":
+            return _print_status(LabDir(resolve_lab_dir()))
+        if args.command == "up":
+            lab = up(args.hosts, args.gpus, rebuild=args.rebuild)
+            print(f"lab up: {len(lab.hosts)} hosts, inventory {lab.inventory_path} "
+                  f"({time.monotonic() - start:.2f} s)")
+        else:
+            down()
+            print(f"lab down ({time.monotonic() - start:.2f} s)")
+    except (LabError, host_tree.BuildError) as error:
+        print(f"lab {args.command}: {error}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
