@@ -1,0 +1,258 @@
+"""The payload: files/serving/manifest.yml and the files it names, validated strictly.
+
+Controller side. The manifest is checked on its own first (load_manifest: keys, kinds, names,
+sources inside the payload and free of symlinks); then, per host, against what the host has
+(plan_for_host: each destination resolved for the host's vLLM layout, inside the serving
+allowlist, off the protected list, and claimed by one entry only). Every error names the entry,
+and both run before anything is sent to a host.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import posixpath
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+
+KINDS = ("file", "dir", "patch")
+ENTRY_KEYS = {"name", "kind", "src", "dest", "when", "base_sha256", "mapping"}
+MAPPING_KEYS = {"idea", "place", "change"}
+NAME_PATTERN = re.compile(r"^[a-z0-9][a-z0-9-]*$")
+SHA256_PATTERN = re.compile(r"^[0-9a-f]{64}$")
+
+# The only condition an entry can carry: the served model's architecture is missing from the
+# host's registry (and so must be registered by the payload).
+MODEL_UNREGISTERED = "model_unregistered"
+CONDITIONS = (MODEL_UNREGISTERED,)
+
+# Where serving-layer changes may land, relative to the vllm package root: the OpenAI
+# entrypoints (protocol, chat serving, message pre-processing, CLI args, API server, tool
+# parsers), the reasoning parsers, and the tool parsers' newer home.
+SERVING_TREES = ("entrypoints/", "reasoning/", "tool_parsers/")
+# The one file outside them: the model registry, and only where the base lacks the model.
+REGISTRY = "model_executor/models/registry.py"
+
+
+class PayloadError(Exception):
+    """The payload cannot be deployed; the message names the entry (and the host's path)."""
+
+
+@dataclass(frozen=True)
+class Entry:
+    name: str
+    kind: str
+    src: Path
+    dest: str
+    when: str | None = None
+    base_sha256: str | None = None
+    mapping: dict = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Target:
+    """One file the payload puts at `path` (relative to the package root) on one host."""
+
+    path: str
+    entry: Entry
+    source: Path  # the overlay file, or the patch for kind patch
+
+
+def load_manifest(payload_dir: Path) -> list[Entry]:
+    manifest_path = payload_dir / "manifest.yml"
+    try:
+        document = yaml.safe_load(manifest_path.read_text(encoding="utf-8"))
+    except (OSError, yaml.YAMLError) as error:
+        raise PayloadError(f"{manifest_path}: {error}") from error
+    if not isinstance(document, dict) or set(document) != {"entries"}:
+        raise PayloadError(f"{manifest_path}: expected a mapping with the single key 'entries'")
+    raw_entries = document["entries"] or []
+    if not isinstance(raw_entries, list):
+        raise PayloadError(f"{manifest_path}: 'entries' must be a list")
+    entries = [_entry(payload_dir, position, raw) for position, raw in enumerate(raw_entries, 1)]
+    _refuse_duplicates("name", [entry.name for entry in entries])
+    return entries
+
+
+def _entry(payload_dir: Path, position: int, raw) -> Entry:
+    label = f"manifest entry {position}"
+    if not isinstance(raw, dict):
+        raise PayloadError(f"{label}: expected a mapping")
+    name = raw.get("name")
+    if not isinstance(name, str) or not NAME_PATTERN.match(name):
+        raise PayloadError(f"{label}: name must be lowercase letters, digits and '-', got {name!r}")
+    label = f"manifest entry {name!r}"
+    unknown = sorted(set(raw) - ENTRY_KEYS)
+    if unknown:
+        raise PayloadError(f"{label}: unknown keys {', '.join(unknown)} (known: {', '.join(sorted(ENTRY_KEYS))})")
+    missing = sorted(key for key in ("kind", "src", "dest") if not raw.get(key))
+    if missing:
+        raise PayloadError(f"{label}: missing {', '.join(missing)}")
+    kind = raw["kind"]
+    if kind not in KINDS:
+        raise PayloadError(f"{label}: kind must be one of {', '.join(KINDS)}, got {kind!r}")
+    entry = Entry(
+        name=name,
+        kind=kind,
+        src=_source(payload_dir, label, kind, raw["src"]),
+        dest=_destination(label, kind, raw["dest"]),
+        when=_condition(label, raw.get("when")),
+        base_sha256=_pin(label, kind, raw.get("base_sha256")),
+        mapping=_mapping(label, raw.get("mapping")),
+    )
+    return entry
+
+
+def _source(payload_dir: Path, label: str, kind: str, src) -> Path:
+    if not isinstance(src, str) or posixpath.isabs(src) or ".." in src.split("/"):
+        raise PayloadError(f"{label}: src must be a path inside files/serving, got {src!r}")
+    path = payload_dir / src
+    _refuse_symlinks(payload_dir, path, label)
+    if kind == "dir":
+        if not path.is_dir():
+            raise PayloadError(f"{label}: src {src} is not a directory")
+        for inner in sorted(path.rglob("*")):
+            _refuse_symlinks(payload_dir, inner, label)
+    elif not path.is_file():
+        raise PayloadError(f"{label}: src {src} is not a file in {payload_dir}")
+    return path
+
+
+def _refuse_symlinks(payload_dir: Path, path: Path, label: str) -> None:
+    """A symlink in the payload could make a deploy read (and ship) any controller file."""
+    relative = path.relative_to(payload_dir)
+    for depth in range(1, len(relative.parts) + 1):
+        step = payload_dir.joinpath(*relative.parts[:depth])
+        if step.is_symlink():
+            raise PayloadError(f"{label}: {step.relative_to(payload_dir)} is a symlink; the payload holds only plain files")
+
+
+def _destination(label: str, kind: str, dest) -> str:
+    if not isinstance(dest, str) or posixpath.isabs(dest) or "\\" in dest:
+        raise PayloadError(f"{label}: dest must be relative to the vllm package root, got {dest!r}")
+    if ".." in dest.split("/"):
+        raise PayloadError(f"{label}: dest {dest} escapes the vllm package ('..')")
+    is_folder = dest.endswith("/")
+    if (kind == "dir") != is_folder:
+        raise PayloadError(f"{label}: a {kind} entry's dest {'must' if kind == 'dir' else 'must not'} end with '/'")
+    normalized = posixpath.normpath(dest) + ("/" if is_folder else "")
+    if normalized in ("./", "."):
+        raise PayloadError(f"{label}: dest must name a file or folder of the package")
+    return normalized
+
+
+def _condition(label: str, when) -> str | None:
+    if when is not None and when not in CONDITIONS:
+        raise PayloadError(f"{label}: when must be one of {', '.join(CONDITIONS)}, got {when!r}")
+    return when
+
+
+def _pin(label: str, kind: str, base_sha256) -> str | None:
+    if base_sha256 is None:
+        return None
+    if kind != "file":
+        raise PayloadError(f"{label}: base_sha256 pins a whole-file overlay; a {kind} entry cannot carry it")
+    if not isinstance(base_sha256, str) or not SHA256_PATTERN.match(base_sha256):
+        raise PayloadError(f"{label}: base_sha256 must be 64 lowercase hex digits")
+    return base_sha256
+
+
+def _mapping(label: str, mapping) -> dict:
+    if mapping is None:
+        return {}
+    if not isinstance(mapping, dict) or set(mapping) - MAPPING_KEYS:
+        raise PayloadError(f"{label}: mapping takes the keys {', '.join(sorted(MAPPING_KEYS))}")
+    return {key: str(value) for key, value in mapping.items()}
+
+
+def _refuse_duplicates(what: str, values: list[str], where: str = "the manifest") -> None:
+    seen = set()
+    for value in values:
+        if value in seen:
+            raise PayloadError(f"{where}: {what} {value} is claimed by more than one entry")
+        seen.add(value)
+
+
+# --- per host -------------------------------------------------------------------------------
+
+
+def applies(entry: Entry, vllm_facts: dict) -> bool:
+    if entry.when == MODEL_UNREGISTERED:
+        return bool((vllm_facts.get("model") or {}).get("missing"))
+    return True
+
+
+def plan_for_host(entries: list[Entry], vllm_facts: dict, protected_extra: list[str] = ()) -> list[Target]:
+    """The files the payload puts on this host, each checked against the guard's lists."""
+    protected = _protected_paths(vllm_facts, protected_extra)
+    targets = []
+    for entry in entries:
+        if not applies(entry, vllm_facts):
+            continue
+        dest = _resolve_dest(entry, vllm_facts)
+        for target in _expand(entry, dest):
+            _check_allowed(target, protected)
+            targets.append(target)
+    _refuse_duplicates("destination", [target.path for target in targets], "the payload")
+    return targets
+
+
+def _resolve_dest(entry: Entry, vllm_facts: dict) -> str:
+    """A file name of the brief (protocol.py, reasoning/, ...) resolves through the facts."""
+    brief = vllm_facts["files"]["serving"].get(entry.dest)
+    if brief is None:
+        return entry.dest
+    if not brief["exists"]:
+        equivalent = f" (its role is played by {brief['equivalent']})" if brief.get("equivalent") else ""
+        raise PayloadError(
+            f"manifest entry {entry.name!r}: {entry.dest} does not exist in this host's vLLM "
+            f"{vllm_facts['version']} (layout {vllm_facts['layout']}){equivalent}"
+        )
+    return brief["path"]
+
+
+def _expand(entry: Entry, dest: str) -> list[Target]:
+    if entry.kind != "dir":
+        return [Target(dest, entry, entry.src)]
+    return [
+        Target(posixpath.join(dest, path.relative_to(entry.src).as_posix()), entry, path)
+        for path in sorted(entry.src.rglob("*"))
+        if path.is_file() and "__pycache__" not in path.parts
+    ]
+
+
+def _protected_paths(vllm_facts: dict, extra) -> set[str]:
+    resolved = {entry["path"] for entry in vllm_facts["files"]["protected"].values() if entry["path"]}
+    return resolved | {posixpath.normpath(path) for path in extra}
+
+
+def _check_allowed(target: Target, protected: set[str]) -> None:
+    label = f"manifest entry {target.entry.name!r}"
+    if target.path in protected:
+        raise PayloadError(f"{label}: {target.path} is a protected model-layer file; the payload never touches it")
+    if target.path == REGISTRY:
+        if target.entry.when != MODEL_UNREGISTERED:
+            raise PayloadError(
+                f"{label}: {REGISTRY} may only be deployed with 'when: {MODEL_UNREGISTERED}' "
+                "(where the base lacks the model's architecture)"
+            )
+        return
+    if not target.path.startswith(SERVING_TREES):
+        raise PayloadError(
+            f"{label}: {target.path} is outside the serving layer "
+            f"({', '.join(SERVING_TREES)} and {REGISTRY})"
+        )
+
+
+def sha256_bytes(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def payload_digest(targets: list[Target], contents: dict[str, bytes]) -> str:
+    """One digest for what a host receives: every destination path with its content."""
+    digest = hashlib.sha256()
+    for target in sorted(targets, key=lambda target: target.path):
+        digest.update(target.path.encode() + b"\0" + sha256_bytes(contents[target.path]).encode() + b"\n")
+    return digest.hexdigest()
