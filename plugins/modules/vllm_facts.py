@@ -44,6 +44,13 @@ options:
       - A model directory holding a Hugging Face C(config.json). When set,
         RV(vllm_facts.model) tells whether the registry serves the architectures it declares.
     type: path
+  state_dir:
+    description:
+      - The collection's state store. Where it keeps the vendor's pristine C(registry.py)
+        (because a release patched it), RV(vllm_facts.model.missing_in_base) is decided
+        from that copy rather than from the installed file.
+    type: path
+    default: /var/lib/biv100-serving
 attributes:
   check_mode:
     description:
@@ -268,6 +275,15 @@ vllm_facts:
           type: list
           elements: str
           sample: [Qwen3_5ForConditionalGeneration]
+        missing_in_base:
+          description:
+            - The declared architectures the vendor's own registry lacks, whatever a release
+              installed over it; the same as RV(vllm_facts.model.missing) before any release
+              touched C(registry.py).
+          returned: success
+          type: list
+          elements: str
+          sample: [Qwen3_5ForConditionalGeneration]
         registrable:
           description:
             - For each missing architecture, whether a C(model_executor/models/*.py) file
@@ -377,7 +393,7 @@ def locate_package(module, interpreter, probe):
     return os.path.abspath(probe["package_root"])
 
 
-def collect_facts(interpreter, probe, package_root, version, model_path):
+def collect_facts(interpreter, probe, package_root, version, model_path, state_dir):
     """Everything the module reports about the package at package_root."""
     files = {
         "serving": resolve_files(package_root, SERVING_FILES),
@@ -395,7 +411,18 @@ def collect_facts(interpreter, probe, package_root, version, model_path):
     }
     if model_path:
         facts["model"] = model_facts(model_path, package_root, registry["architectures"])
+        facts["model"]["missing_in_base"] = missing_in_base(facts["model"], registry, state_dir)
     return facts
+
+
+def missing_in_base(model, registry, state_dir):
+    """What the vendor's registry lacks: a patched registry.py must not hide that it needs the
+    patch (the next run would take the patch away again)."""
+    pristine = os.path.join(state_dir, "base", registry["path"] or "")
+    if not registry["path"] or not os.path.isfile(pristine):
+        return list(model["missing"])
+    base_registry = registry_facts(os.path.join(state_dir, "base"), registry["path"])
+    return [name for name in model["architectures"] if name not in base_registry["architectures"]]
 
 
 def main():
@@ -404,6 +431,7 @@ def main():
             interpreter=dict(type="path"),
             package_root=dict(type="path"),
             model_path=dict(type="path"),
+            state_dir=dict(type="path", default="/var/lib/biv100-serving"),
         ),
         supports_check_mode=True,
     )
@@ -414,7 +442,8 @@ def main():
     found_version = None if module.params["package_root"] else probe["version"]
     version = found_version or package_version(package_root)
     try:
-        facts = collect_facts(interpreter, probe, package_root, version, module.params["model_path"])
+        facts = collect_facts(interpreter, probe, package_root, version, module.params["model_path"],
+                              module.params["state_dir"])
     except OSError as error:
         module.fail_json(msg="cannot read %s: %s" % (error.filename, error.strerror))
     module.exit_json(changed=False, vllm_facts=facts, ansible_facts={"vllm_facts": facts})

@@ -180,7 +180,10 @@ def _refuse_duplicates(what: str, values: list[str], where: str = "the manifest"
 
 def applies(entry: Entry, vllm_facts: dict) -> bool:
     if entry.when == MODEL_UNREGISTERED:
-        return bool((vllm_facts.get("model") or {}).get("missing"))
+        # Decided on the vendor's registry: once patched, the installed one serves the model,
+        # yet the patch is what keeps it served.
+        model = vllm_facts.get("model") or {}
+        return bool(model.get("missing_in_base", model.get("missing")))
     return True
 
 

@@ -28,7 +28,7 @@ class ModuleExit(Exception):
 
 
 @pytest.fixture
-def run_module(monkeypatch):
+def run_module(monkeypatch, tmp_path):
     def exit_json(module, **result):
         raise ModuleExit(False, result)
 
@@ -39,6 +39,8 @@ def run_module(monkeypatch):
     monkeypatch.setattr(basic.AnsibleModule, "fail_json", fail_json)
 
     def run(**args):
+        # An empty state store of the test's own, never the machine's.
+        args.setdefault("state_dir", str(tmp_path / "state"))
         with patch_module_args(args), pytest.raises(ModuleExit) as finished:
             vllm_facts.main()
         return finished.value
@@ -149,6 +151,9 @@ def test_an_interpreter_that_cannot_run_the_probe_fails_naming_it(run_module):
     assert outcome.result["msg"] == "/bin/false did not answer the vllm probe (rc=1): "
 
 
+REGISTRY = "model_executor/models/registry.py"
+
+
 def model(tmp_path, config):
     folder = tmp_path / "model"
     folder.mkdir()
@@ -185,6 +190,32 @@ def test_model_path(run_module, vendor_like_root, tmp_path, config, served, miss
         missing,
         registrable,
     )
+
+
+def test_the_vendors_registry_decides_what_the_base_lacks(run_module, vendor_like_root, tmp_path):
+    """Once a release patched registry.py, the kept vendor copy still says the patch is needed."""
+    installed = vendor_like_root / REGISTRY
+    pristine = tmp_path / "state" / "base" / REGISTRY
+    pristine.parent.mkdir(parents=True)
+    shutil.copy2(installed, pristine)
+    original = installed.read_text()
+    arch = "Qwen3_5ForConditionalGeneration"
+    entry = '    "%s": ("qwen3_5", "%s"),\n' % (arch, arch)
+    installed.write_text(original.replace("_MULTIMODAL_MODELS = {\n", "_MULTIMODAL_MODELS = {\n" + entry, 1))
+    try:
+        config = {"architectures": [arch]}
+        facts = run_module(package_root=str(vendor_like_root), model_path=model(tmp_path, config))
+    finally:
+        installed.write_text(original)
+    model_facts = facts.result["vllm_facts"]["model"]
+    assert (model_facts["served"], model_facts["missing"], model_facts["missing_in_base"]) == (True, [], [arch])
+
+
+def test_before_any_release_the_base_lacks_what_the_registry_lacks(run_module, vendor_like_root, tmp_path):
+    config = {"architectures": ["Qwen3_5ForConditionalGeneration"]}
+    facts = run_module(package_root=str(vendor_like_root), model_path=model(tmp_path, config))
+    model_facts = facts.result["vllm_facts"]["model"]
+    assert model_facts["missing_in_base"] == model_facts["missing"] == ["Qwen3_5ForConditionalGeneration"]
 
 
 def test_a_model_without_config_is_reported_not_failed(run_module, vendor_like_root, tmp_path):

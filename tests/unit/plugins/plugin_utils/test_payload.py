@@ -100,6 +100,17 @@ def test_the_registry_entry_applies_only_where_the_model_is_unregistered(payload
     assert target.path == "model_executor/models/registry.py"
 
 
+def test_the_registry_entry_stays_where_only_the_patch_serves_the_model(payload):
+    write_manifest(payload, """\
+        entries:
+          - {name: registry, kind: patch, src: patches/registry.patch, dest: registry.py, when: model_unregistered}
+    """)
+    patched = facts()
+    patched["model"]["missing_in_base"] = ["Qwen3_5ForConditionalGeneration"]
+    (target,) = plan_for_host(load_manifest(payload), patched)
+    assert target.path == "model_executor/models/registry.py"
+
+
 @pytest.mark.parametrize("body, message", [
     ("entries:\n  - {name: chat, kind: file, src: overlays/serving_chat.py, dest: serving_chat.py, mode: '0644'}\n",
      "manifest entry 'chat': unknown keys mode"),

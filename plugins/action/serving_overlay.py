@@ -1,0 +1,139 @@
+"""Controller half of biv100.serving.serving_overlay: plan the release, send only what differs.
+
+One host round trip learns what the host has (installed and pristine digests, the pristine
+text of the files the payload patches); the controller validates the payload against the
+host's facts, applies the patches, and computes every file's desired digest; a second round
+trip installs the release, carrying only the files whose installed digest differs.
+"""
+
+from __future__ import annotations
+
+import base64
+from pathlib import Path
+
+from ansible.errors import AnsibleActionFail
+from ansible.plugins.action import ActionBase
+from ansible_collections.biv100.serving.plugins.plugin_utils._payload import (
+    PayloadError,
+    Target,
+    load_manifest,
+    payload_digest,
+    plan_for_host,
+    sha256_bytes,
+)
+from ansible_collections.biv100.serving.plugins.plugin_utils._unified_diff import PatchError, apply_patch
+
+MODULE = "biv100.serving.serving_overlay"
+
+
+class ActionModule(ActionBase):
+    TRANSFERS_FILES = False
+    _VALID_ARGS = frozenset(("payload_dir", "release", "auto_release", "state_dir", "protected_extra", "record"))
+
+    def run(self, tmp=None, task_vars=None):
+        result = super().run(tmp, task_vars)
+        args = self._task.args
+        facts = (task_vars.get("ansible_facts") or {}).get("vllm_facts")
+        if not facts:
+            raise AnsibleActionFail("serving_overlay needs the facts of biv100.serving.vllm_facts: run it first")
+        if not (args.get("release") or args.get("auto_release")):
+            raise AnsibleActionFail("serving_overlay needs release (a submission id) or auto_release")
+        state_dir = args.get("state_dir", "/var/lib/biv100-serving")
+        # A relative payload_dir is found as other plugins find their files: beside the playbook.
+        payload_dir = Path(self._loader.path_dwim(args["payload_dir"]))
+        try:
+            targets = plan_for_host(load_manifest(payload_dir), facts, args.get("protected_extra") or [])
+        except PayloadError as error:
+            raise AnsibleActionFail(f"payload {payload_dir}: {error}") from error
+
+        host = self._inventory(facts, state_dir, targets, task_vars)
+        contents = {target.path: self._content(target, host["files"][target.path]) for target in targets}
+        desired = {path: sha256_bytes(data) for path, data in contents.items()}
+        # A file an earlier release overlaid that this payload no longer touches goes back to
+        # the vendor's version (or away, if the vendor never had it).
+        for path in host["overlaid"]:
+            desired.setdefault(path, host["files"][path]["pristine"])
+        digest = payload_digest(targets, contents)
+        stale = {path for path, sha in desired.items() if host["files"][path]["current"] != sha}
+
+        current = host["current_release"]
+        current_digest = ((current.get("record") or {}).get("payload_digest"))
+        if not stale and current_digest == digest and args.get("release") in (None, current["id"]):
+            result.update(changed=False, release=current["id"], changed_files=[], payload_digest=digest)
+            return result
+
+        files = [
+            {"path": path, "sha256": sha, **({"content": _b64(contents[path])} if path in stale and path in contents else {})}
+            for path, sha in sorted(desired.items())
+        ]
+        record = dict(args.get("record") or {})
+        record.update(
+            payload_digest=digest,
+            vllm_version=facts["version"],
+            entries=sorted({target.entry.name for target in targets}),
+            mappings=_mappings(targets),
+        )
+        applied = self._execute_module(
+            module_name=MODULE,
+            module_args={
+                "state": "present",
+                "package_root": facts["package_root"],
+                "state_dir": state_dir,
+                "release": args.get("release") or args["auto_release"],
+                "files": files,
+                "record": record,
+                "interpreter": facts["interpreter"],
+            },
+            task_vars=task_vars,
+        )
+        applied["payload_digest"] = digest
+        result.update(applied)
+        return result
+
+    def _inventory(self, facts: dict, state_dir: str, targets: list[Target], task_vars: dict) -> dict:
+        reply = self._execute_module(
+            module_name=MODULE,
+            module_args={
+                "state": "inventory",
+                "package_root": facts["package_root"],
+                "state_dir": state_dir,
+                "paths": [target.path for target in targets],
+                "pristine_content": [target.path for target in targets if target.entry.kind == "patch"],
+            },
+            task_vars=task_vars,
+        )
+        if reply.get("failed"):
+            raise AnsibleActionFail(reply.get("msg", "the host could not report its files"), result=reply)
+        return reply
+
+    @staticmethod
+    def _content(target: Target, on_host: dict) -> bytes:
+        entry = target.entry
+        label = f"manifest entry {entry.name!r} ({target.path})"
+        if entry.base_sha256 and on_host["pristine"] != entry.base_sha256:
+            raise AnsibleActionFail(
+                f"{label}: the overlay was made from a base file with sha256 {entry.base_sha256[:12]}…, "
+                f"but this host's pristine file has {(on_host['pristine'] or 'none')[:12]}…; "
+                "remake the overlay for this base"
+            )
+        if entry.kind != "patch":
+            return target.source.read_bytes()
+        if "pristine_content" not in on_host:
+            raise AnsibleActionFail(f"{label}: the host has no base file to patch")
+        original = base64.b64decode(on_host["pristine_content"]).decode("utf-8")
+        try:
+            return apply_patch(original, target.source.read_text(encoding="utf-8"), filename=target.path).encode("utf-8")
+        except PatchError as error:
+            raise AnsibleActionFail(f"{label}: {error}") from error
+
+
+def _b64(data: bytes) -> str:
+    return base64.b64encode(data).decode("ascii")
+
+
+def _mappings(targets: list[Target]) -> list[dict]:
+    seen = {}
+    for target in targets:
+        if target.entry.mapping:
+            seen[target.entry.name] = dict(target.entry.mapping, entry=target.entry.name)
+    return [seen[name] for name in sorted(seen)]

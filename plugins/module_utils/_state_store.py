@@ -1,0 +1,121 @@
+# -*- coding: utf-8 -*-
+# Copyright: biv100.serving maintainers
+# Apache License 2.0 (see LICENSE)
+"""The collection's on-host state, and how it is written so that nothing is ever half-written.
+
+Runs on the host: standard library only, Python 3.8.
+
+    <state_dir>/lock                          held for a whole run; names its holder
+    <state_dir>/baseline/protected.json       first-contact sha256 of every protected file
+    <state_dir>/base/<package path>           pristine vendor copy of every file ever overlaid
+    <state_dir>/releases/<id>/release.json    one deployment: status, files, digests
+    <state_dir>/releases/<id>/files/<path>    its staged content
+    <state_dir>/current -> releases/<id>      switched atomically
+
+Every file is written to a temporary file in its own directory, fsynced and renamed over its
+name, then the directory is fsynced: a reader (or a run interrupted at any instant) sees the
+old content or the new, never a part.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import tempfile
+
+DEFAULT_STATE_DIR = "/var/lib/biv100-serving"
+LOCK_NAME = "lock"
+CURRENT_LINK = "current"
+
+
+class StateDir(object):
+    """Paths of the state store rooted at `root`."""
+
+    def __init__(self, root=DEFAULT_STATE_DIR):
+        self.root = root
+
+    @property
+    def lock(self):
+        return os.path.join(self.root, LOCK_NAME)
+
+    @property
+    def baseline(self):
+        return os.path.join(self.root, "baseline", "protected.json")
+
+    def base_copy(self, package_path):
+        return os.path.join(self.root, "base", package_path)
+
+    def release_dir(self, release_id):
+        return os.path.join(self.root, "releases", release_id)
+
+    def release_record(self, release_id):
+        return os.path.join(self.release_dir(release_id), "release.json")
+
+    def release_file(self, release_id, package_path):
+        return os.path.join(self.release_dir(release_id), "files", package_path)
+
+    @property
+    def current(self):
+        return os.path.join(self.root, CURRENT_LINK)
+
+    def current_release(self):
+        """The id `current` points at, or None before the first release."""
+        try:
+            return os.path.basename(os.readlink(self.current))
+        except OSError as error:
+            if error.errno in (errno.ENOENT, errno.EINVAL):
+                return None
+            raise
+
+
+def fsync_dir(path):
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def atomic_write(path, data, mode=0o644):
+    """Write bytes to path through a temporary file in the same directory, then rename."""
+    directory = os.path.dirname(path)
+    os.makedirs(directory, exist_ok=True)
+    fd, staged = tempfile.mkstemp(prefix="." + os.path.basename(path) + ".", dir=directory)
+    try:
+        with os.fdopen(fd, "wb") as stream:
+            stream.write(data)
+            stream.flush()
+            os.fsync(stream.fileno())
+        os.chmod(staged, mode)
+        os.replace(staged, path)
+    except BaseException:
+        if os.path.exists(staged):
+            os.unlink(staged)
+        raise
+    fsync_dir(directory)
+
+
+def write_json(path, document):
+    atomic_write(path, (json.dumps(document, indent=1, sort_keys=True) + "\n").encode("utf-8"))
+
+
+def read_json(path, default=None):
+    try:
+        with open(path, encoding="utf-8") as stream:
+            return json.load(stream)
+    except OSError as error:
+        if error.errno == errno.ENOENT:
+            return default
+        raise
+
+
+def switch_symlink(link, target):
+    """Point link at target in one rename: it never dangles nor is missing in between."""
+    directory = os.path.dirname(link)
+    staged = os.path.join(directory, ".%s.%d" % (os.path.basename(link), os.getpid()))
+    if os.path.lexists(staged):
+        os.unlink(staged)
+    os.symlink(target, staged)
+    os.replace(staged, link)
+    fsync_dir(directory)

@@ -1,0 +1,313 @@
+#!/usr/bin/python
+# -*- coding: utf-8 -*-
+# Copyright: biv100.serving maintainers
+# Apache License 2.0 (see LICENSE)
+
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+---
+module: serving_lock
+short_description: Hold a host for one deployment run; refuse a concurrent one, naming its holder
+version_added: 0.1.0
+description:
+  - Takes (O(state=present)) or releases (O(state=absent)) the run lock C(<state_dir>/lock) of
+    a host. The lock names its holder; a deployment that finds it held by another run fails
+    with that holder's run id, user, controller, process, playbook, release and start time.
+  - Taking the lock again in the run that holds it changes nothing, so every play of a
+    deployment can take it.
+  - The action of the same name, on the controller, says who holds the lock (this
+    controller's host name, the user, the C(ansible-playbook) process). When the holder is a
+    run started on this same controller whose C(ansible-playbook) process no longer runs (a
+    crashed or killed deployment), it takes the lock over and warns, naming that run. A lock
+    left by a run on another controller is only taken over with O(break_lock=true).
+  - Looking at the lock and changing it happen under an C(flock) of the state directory, so
+    two deployments starting at the same instant cannot both take it; the lock is written
+    through a temporary file and a rename, so it is never seen half-written.
+author:
+  - biv100.serving maintainers (!UNKNOWN)
+options:
+  run_id:
+    description:
+      - The id of this deployment run, the same on every host; make it once per run (for
+        instance with C(run_once) on the controller).
+    type: str
+    required: true
+  state:
+    description: Take the lock for this run, or release it.
+    type: str
+    choices: [present, absent]
+    default: present
+  playbook:
+    description: The playbook running the deployment, named in refusals.
+    type: str
+  release:
+    description: The release being deployed, named in refusals.
+    type: str
+  break_lock:
+    description:
+      - Take the lock over from whichever run holds it, for a lock left by a run that is gone
+        but cannot be proven gone from here (it ran on another controller).
+      - The playbooks map C(-e serving_lock_break=true) to it.
+    type: bool
+    default: false
+  state_dir:
+    description: The collection's state store on the host.
+    type: path
+    default: /var/lib/biv100-serving
+attributes:
+  action:
+    description: Indicates this has a corresponding action plugin so some parts of the options can be executed on the controller.
+    support: full
+  check_mode:
+    description:
+      - Can run in check_mode and return changed status prediction without modifying target.
+    support: full
+    details:
+      - Writes nothing; a lock held by another run still fails, so that a check run detects a
+        concurrent deployment.
+  diff_mode:
+    description:
+      - Will return details on what has changed (or possibly needs changing in check_mode),
+        when in diff mode.
+    support: full
+    details:
+      - The lock's content before and after.
+  platform:
+    description: Target OS/families that can be operated against.
+    support: N/A
+    platforms: posix
+notes:
+  - The controller's C(ansible-playbook) process is the parent of the worker process that runs
+    the action (ansible-core forks its workers from it), so a holder's C(pid) lives exactly as
+    long as its run.
+  - Releasing a lock another run holds leaves it in place, with a warning.
+seealso:
+  - module: biv100.serving.serving_overlay
+"""
+
+EXAMPLES = r"""
+- name: Make one id for this run
+  ansible.builtin.set_fact:
+    serving_run_id: "{{ now(utc=true, fmt='%Y%m%dT%H%M%SZ') }}-{{ 99999 | random }}"
+  run_once: true
+
+- name: Hold the host for this deployment
+  biv100.serving.serving_lock:
+    run_id: "{{ serving_run_id }}"
+    playbook: "{{ ansible_play_name }}"
+    release: "{{ serving_release }}"
+    break_lock: "{{ serving_lock_break | default(false) | bool }}"
+
+- name: Let the next deployment in
+  biv100.serving.serving_lock:
+    run_id: "{{ serving_run_id }}"
+    state: absent
+"""
+
+RETURN = r"""
+lock:
+  description: The path of the lock.
+  returned: always
+  type: str
+  sample: /var/lib/biv100-serving/lock
+holder:
+  description:
+    - Who holds the lock after the task; when the task is refused, the run holding it.
+    - Null when the lock is free.
+  returned: always
+  type: dict
+  sample:
+    run_id: 20260509T073525Z-4711
+    controller: ctl1
+    user: deploy
+    pid: 48213
+    playbook: deploy.yml
+    release: sub510
+    acquired_at: "2026-05-09T07:35:26Z"
+previous_holder:
+  description: The run this task took the lock over from (O(break_lock), or a stale holder).
+  returned: when the lock was taken over
+  type: dict
+  sample:
+    run_id: 20260508T221003Z-118
+    controller: ctl1
+    user: deploy
+    pid: 40017
+    playbook: deploy.yml
+    release: sub509
+    acquired_at: "2026-05-08T22:10:04Z"
+"""
+
+import contextlib
+import fcntl
+import json
+import os
+import time
+
+from ansible.module_utils.basic import AnsibleModule
+from ansible_collections.biv100.serving.plugins.module_utils._state_store import (
+    DEFAULT_STATE_DIR,
+    StateDir,
+    fsync_dir,
+    read_json,
+    write_json,
+)
+
+
+@contextlib.contextmanager
+def serialised(state_dir):
+    """Let one task at a time look at the lock and change it.
+
+    Deciding (free, ours, stale) and writing are two steps; two deployments between them
+    would both believe they hold the lock. An flock(2) on the state directory, held for those
+    few microseconds, makes the pair atomic for every process on the host.
+    """
+    os.makedirs(state_dir, exist_ok=True)
+    fd = os.open(state_dir, os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # releases the flock
+
+
+def lock_text(holder):
+    return json.dumps(holder, indent=1, sort_keys=True) + "\n" if holder else ""
+
+
+def read_holder(path):
+    """The holder the lock names, None when there is no lock."""
+    try:
+        holder = read_json(path)
+    except ValueError as error:
+        holder = "not JSON (%s)" % error
+    if holder is None or isinstance(holder, dict):
+        return holder
+    # Only a hand edit or a damaged disk gets here; it still holds the host.
+    return {"run_id": None, "unreadable": "%s: %s" % (path, holder)}
+
+
+def describe(holder):
+    """`run R (user@controller, pid P, playbook X, release Y) since T`, from what is known."""
+    if "unreadable" in holder:
+        return "an unreadable lock, %s" % holder["unreadable"]
+    details = ["%s@%s" % (holder.get("user") or "?", holder.get("controller") or "?")]
+    details.extend(
+        "%s %s" % (field, holder[field])
+        for field in ("pid", "playbook", "release")
+        if holder.get(field)
+    )
+    since = " since %s" % holder["acquired_at"] if holder.get("acquired_at") else ""
+    return "run %s (%s)%s" % (holder.get("run_id"), ", ".join(details), since)
+
+
+def our_holder(params):
+    return {
+        "run_id": params["run_id"],
+        "controller": params["_controller"],
+        "user": params["_user"],
+        "pid": params["_pid"],
+        "playbook": params["playbook"],
+        "release": params["release"],
+        "acquired_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    }
+
+
+def may_take_over(params, holder):
+    """Whether this task may take the lock from holder.
+
+    The action names the one stale run it found (_break_stale) rather than asking for
+    break_lock, so that a live run which took the lock since is not overrun.
+    """
+    stale = params["_break_stale"]
+    return params["break_lock"] or (stale is not None and holder.get("run_id") == stale)
+
+
+def acquire(module, path, ours):
+    holder = read_holder(path)
+    if holder is not None:
+        if holder.get("run_id") == ours["run_id"]:
+            return dict(changed=False, holder=holder, msg="this run holds the lock")
+        if not may_take_over(module.params, holder):
+            module.fail_json(
+                msg="%s is held by %s" % (path, describe(holder)), lock=path, holder=holder
+            )
+    if not module.check_mode:
+        write_json(path, ours)
+    return taken(path, ours, holder)
+
+
+def taken(path, ours, previous):
+    result = dict(changed=True, holder=ours, msg="this run took the lock")
+    if previous is not None:
+        result.update(
+            previous_holder=previous, msg="this run took the lock over from %s" % describe(previous)
+        )
+    result["diff"] = {
+        "before_header": path,
+        "after_header": path,
+        "before": lock_text(previous),
+        "after": lock_text(ours),
+    }
+    return result
+
+
+def release(module, path, run_id):
+    holder = read_holder(path)
+    if holder is None:
+        return dict(changed=False, holder=None, msg="the lock is free")
+    if holder.get("run_id") != run_id:
+        module.warn("%s is held by %s, not by this run: left in place" % (path, describe(holder)))
+        return dict(changed=False, holder=holder, msg="another run holds the lock")
+    if not module.check_mode:
+        remove(path)
+    diff = {"before_header": path, "after_header": path, "before": lock_text(holder), "after": ""}
+    return dict(changed=True, holder=None, msg="this run released the lock", diff=diff)
+
+
+def remove(path):
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        return  # gone already: released is what we wanted
+    fsync_dir(os.path.dirname(path))
+
+
+def main():
+    module = AnsibleModule(
+        argument_spec=dict(
+            run_id=dict(type="str", required=True),
+            state=dict(type="str", choices=["present", "absent"], default="present"),
+            playbook=dict(type="str"),
+            release=dict(type="str"),
+            break_lock=dict(type="bool", default=False),
+            state_dir=dict(type="path", default=DEFAULT_STATE_DIR),
+            # Set by the action of the same name: who runs the deployment, on which controller.
+            _controller=dict(type="str"),
+            _user=dict(type="str"),
+            _pid=dict(type="int"),
+            _break_stale=dict(type="str"),
+        ),
+        supports_check_mode=True,
+    )
+    params = module.params
+    store = StateDir(params["state_dir"])
+    path = store.lock
+    # Check mode writes nothing, so it has nothing to serialise.
+    exclusive = contextlib.nullcontext() if module.check_mode else serialised(store.root)
+    try:
+        with exclusive:
+            if params["state"] == "absent":
+                result = release(module, path, params["run_id"])
+            else:
+                result = acquire(module, path, our_holder(params))
+    except OSError as error:
+        module.fail_json(msg="%s: %s" % (error.filename or path, error.strerror), lock=path)
+    if not module._diff:
+        result.pop("diff", None)
+    module.exit_json(lock=path, **result)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,378 @@
+#!/usr/bin/python
+# -*- coding: utf-8 -*-
+# Copyright: biv100.serving maintainers
+# Apache License 2.0 (see LICENSE)
+
+from __future__ import absolute_import, division, print_function
+
+__metaclass__ = type
+
+DOCUMENTATION = r"""
+---
+module: serving_overlay
+short_description: Install serving-layer files over a host's vLLM as one atomic release
+description:
+  - The host half of the serving-layer deployment. Use it through the action of the same
+    name, which validates the payload on the controller, asks the host for its digests
+    (O(state=inventory)), and sends only the files that differ (O(state=present)).
+  - O(state=inventory) reports, for each path, the sha256 of the installed file and of its
+    pristine vendor copy, and the pristine content of the paths asked for (patch bases).
+  - O(state=present) compiles every Python file it receives with the host's own interpreter,
+    keeps the pristine vendor copy of every file before its first overwrite, writes the
+    release's files, installs each changed file through a temporary file in its own
+    directory (fsync, rename), writes the release record last and switches C(current).
+version_added: "0.1.0"
+author:
+  - biv100.serving maintainers (!UNKNOWN)
+notes:
+  - The action sends the host half its own parameters (C(state), C(package_root), C(paths),
+    C(files), C(record), C(interpreter)); tasks give only the options below.
+  - Needs the facts of M(biv100.serving.vllm_facts) (package root, layout, interpreter,
+    registry and model) gathered first in the play.
+options:
+  payload_dir:
+    description: The payload folder, holding C(manifest.yml) and the files and patches it names.
+    type: path
+    required: true
+  release:
+    description:
+      - The release id, usually the submission id (C(sub510)).
+      - A release id is never reused for other content.
+    type: str
+  auto_release:
+    description:
+      - The id of a new release when O(release) is not given, normally one UTC timestamp made
+        once on the controller for every host.
+      - When nothing differs from the current release, no release is made.
+    type: str
+  state_dir:
+    description: The collection's state store on the host.
+    type: path
+    default: /var/lib/biv100-serving
+  protected_extra:
+    description: Model-layer paths protected beyond the brief's twelve, relative to the package root.
+    type: list
+    elements: str
+    default: []
+  record:
+    description: More fields for the release record (the submission id, the controller's git revision).
+    type: dict
+    default: {}
+attributes:
+  check_mode:
+    support: full
+    description: Reports the files that would change, writes nothing.
+  diff_mode:
+    support: full
+    description: Shows each changed text file as a unified diff.
+  platform:
+    platforms: posix
+seealso:
+  - module: biv100.serving.vllm_facts
+  - module: biv100.serving.model_guard
+"""
+
+EXAMPLES = r"""
+- name: Learn the host's vLLM first
+  biv100.serving.vllm_facts:
+    model_path: /opt/models/qwen3_5
+
+- name: Stage the payload as release sub510
+  biv100.serving.serving_overlay:
+    payload_dir: files/serving
+    release: sub510
+
+- name: Stage it under a timestamp, or not at all when nothing differs
+  biv100.serving.serving_overlay:
+    payload_dir: files/serving
+    auto_release: "{{ now(utc=true, fmt='%Y%m%dT%H%M%SZ') }}"
+"""
+
+RETURN = r"""
+release:
+  description: The release now current.
+  returned: success
+  type: str
+  sample: sub510
+changed_files:
+  description: Package paths whose installed content changed (or would, in check mode).
+  returned: success
+  type: list
+  elements: str
+  sample: [entrypoints/openai/serving_chat.py]
+payload_digest:
+  description: One sha256 over every destination path and its content on this host.
+  returned: success
+  type: str
+current_release:
+  description: The release C(current) pointed at before this run, and its record.
+  returned: when the release changed
+  type: dict
+base_copies_added:
+  description: Package paths whose pristine vendor copy was kept by this run.
+  returned: when files were installed
+  type: list
+  elements: str
+"""
+
+import base64
+import difflib
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+import time
+
+from ansible.module_utils.basic import AnsibleModule
+from ansible_collections.biv100.serving.plugins.module_utils._state_store import (
+    StateDir,
+    atomic_write,
+    read_json,
+    switch_symlink,
+    write_json,
+)
+from ansible_collections.biv100.serving.plugins.module_utils._vllm_layout import sha256_file
+
+# Index of the pristine vendor copies: package path -> sha256 of the vendor's file, or null
+# when the vendor has no such file (the payload added it; going back to base removes it).
+BASE_INDEX = "index.json"
+
+# Compiles each file given on the command line (payload path, file on disk) and prints the
+# errors as JSON; runs under the engine's interpreter, any Python 3.8 or later.
+COMPILE_PROBE = r"""
+import json, sys
+errors = {}
+for name, path in zip(sys.argv[1::2], sys.argv[2::2]):
+    try:
+        with open(path, "rb") as stream:
+            compile(stream.read(), name, "exec", dont_inherit=True)
+    except (SyntaxError, ValueError) as error:
+        errors[name] = "line %s: %s" % (getattr(error, "lineno", "?"), getattr(error, "msg", error))
+print(json.dumps(errors))
+"""
+
+
+def digest_or_none(path):
+    return sha256_file(path) if os.path.isfile(path) else None
+
+
+def current_release(store):
+    release_id = store.current_release()
+    record = read_json(store.release_record(release_id)) if release_id else None
+    return {"id": release_id, "record": record}
+
+
+def base_index(store):
+    return read_json(os.path.join(store.root, "base", BASE_INDEX), default={})
+
+
+def pristine_path(module, store, index, path):
+    """The vendor's own file: its kept copy once overlaid, otherwise the installed file."""
+    if path in index:
+        return store.base_copy(path) if index[path] is not None else None
+    return os.path.join(module.params["package_root"], path)
+
+
+def inventory(module, store):
+    """Digests of the asked paths and of every path an earlier release overlaid."""
+    index = base_index(store)
+    files = {}
+    for path in sorted(set(module.params["paths"]) | set(index)):
+        pristine = pristine_path(module, store, index, path)
+        entry = {
+            "current": digest_or_none(os.path.join(module.params["package_root"], path)),
+            "pristine": digest_or_none(pristine) if pristine else None,
+        }
+        if path in module.params["pristine_content"] and entry["pristine"]:
+            entry["pristine_content"] = base64.b64encode(read(pristine)).decode("ascii")
+        files[path] = entry
+    module.exit_json(changed=False, files=files, overlaid=sorted(index), current_release=current_release(store))
+
+
+def decoded(module, files):
+    """The content sent for the files the host lacks, each checked against its digest."""
+    contents = {}
+    for item in files:
+        if item.get("content") is None:
+            continue
+        data = base64.b64decode(item["content"])
+        if hashlib.sha256(data).hexdigest() != item["sha256"]:
+            module.fail_json(msg="%s arrived damaged (sha256 differs from the controller's)" % item["path"])
+        contents[item["path"]] = data
+    return contents
+
+
+def refuse_uncompilable(module, contents):
+    """Compile every Python file with the engine's interpreter before anything is written."""
+    python_files = sorted(path for path in contents if path.endswith(".py"))
+    if not python_files:
+        return
+    interpreter = module.params["interpreter"]
+    scratch = tempfile.mkdtemp(prefix="biv100-compile-")
+    try:
+        arguments = []
+        for number, path in enumerate(python_files):
+            on_disk = os.path.join(scratch, "%d.py" % number)
+            with open(on_disk, "wb") as stream:
+                stream.write(contents[path])
+            arguments += [path, on_disk]
+        rc, out, err = module.run_command([interpreter, "-c", COMPILE_PROBE] + arguments)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+    try:
+        errors = json.loads(out.strip().splitlines()[-1])
+    except (IndexError, ValueError):
+        module.fail_json(msg="%s could not compile the payload (rc=%d): %s" % (interpreter, rc, err.strip()))
+    if errors:
+        module.fail_json(
+            msg="payload files do not compile with %s: %s"
+            % (interpreter, "; ".join("%s %s" % (path, why) for path, why in sorted(errors.items()))),
+            compile_errors=errors,
+        )
+
+
+def keep_pristine_copies(module, store, paths):
+    """Copy each vendor file aside before its first overwrite; never replace a kept copy."""
+    index = base_index(store)
+    added = {}
+    for path in paths:
+        if path in index:
+            continue
+        installed = os.path.join(module.params["package_root"], path)
+        if os.path.isfile(installed):
+            with open(installed, "rb") as stream:
+                atomic_write(store.base_copy(path), stream.read())
+            added[path] = sha256_file(store.base_copy(path))
+        else:
+            added[path] = None
+    if added:
+        index.update(added)
+        write_json(os.path.join(store.root, "base", BASE_INDEX), index)
+    return sorted(added)
+
+
+def read(path):
+    with open(path, "rb") as stream:
+        return stream.read()
+
+
+def plan_changes(module, store, desired, sent):
+    """What each path must become: bytes to write, None to remove; unchanged paths left out.
+
+    The controller sends only what the host lacks. A file going back to the vendor's version
+    comes from its kept pristine copy, and a file the vendor never had is removed.
+    """
+    index = base_index(store)
+    changes = {}
+    for path, digest in sorted(desired.items()):
+        installed = os.path.join(module.params["package_root"], path)
+        if digest_or_none(installed) == digest:
+            continue
+        if digest is None:
+            changes[path] = None
+        elif path in sent:
+            changes[path] = sent[path]
+        elif index.get(path) == digest:
+            changes[path] = read(store.base_copy(path))
+        else:
+            module.fail_json(msg="%s: the host has no content with sha256 %s and none was sent" % (path, digest))
+    return changes
+
+
+def write_release_files(module, store, release, desired):
+    """The release's own copy of every file it installs, for rollback byte for byte."""
+    for path, digest in sorted(desired.items()):
+        if digest is not None:
+            atomic_write(store.release_file(release, path), read(os.path.join(module.params["package_root"], path)))
+
+
+def install(module, changes):
+    for path, data in sorted(changes.items()):
+        installed = os.path.join(module.params["package_root"], path)
+        if data is None:
+            os.unlink(installed)
+            continue
+        mode = os.stat(installed).st_mode & 0o7777 if os.path.exists(installed) else 0o644
+        atomic_write(installed, data, mode)
+
+
+def text_diff(module, changes):
+    before, after = [], []
+    for path, data in sorted(changes.items()):
+        installed = os.path.join(module.params["package_root"], path)
+        old = read(installed) if os.path.isfile(installed) else b""
+        before.append("# %s\n%s" % (path, old.decode("utf-8", "replace")))
+        after.append("# %s\n%s" % (path, (data or b"").decode("utf-8", "replace")))
+    return {"before": "\n".join(before), "after": "\n".join(after),
+            "before_header": "installed", "after_header": "release"}
+
+
+def present(module, store):
+    release = module.params["release"]
+    if not release or "/" in release or release.startswith("."):
+        module.fail_json(msg="release must be a plain name such as sub510, got %r" % release)
+    desired = dict((item["path"], item.get("sha256")) for item in module.params["files"])
+    previous = current_release(store)
+    existing = read_json(store.release_record(release))
+    if existing is not None and existing.get("digests") != desired:
+        module.fail_json(
+            msg="release %s already exists on this host with other content; releases are "
+            "immutable: deploy under a new id" % release
+        )
+    changes = plan_changes(module, store, desired, decoded(module, module.params["files"]))
+    if not changes and previous["id"] == release:
+        module.exit_json(changed=False, release=release, changed_files=[], current_release=previous)
+
+    refuse_uncompilable(module, dict((path, data) for path, data in changes.items() if data is not None))
+    result = {"changed": True, "release": release, "changed_files": sorted(changes),
+              "current_release": previous}
+    if module._diff:
+        result["diff"] = text_diff(module, changes)
+    if module.check_mode:
+        module.exit_json(**result)
+
+    before = dict((path, digest_or_none(os.path.join(module.params["package_root"], path))) for path in desired)
+    result["base_copies_added"] = keep_pristine_copies(module, store, sorted(desired))
+    install(module, changes)
+    write_release_files(module, store, release, desired)
+    record = dict(module.params["record"])
+    record.update(
+        id=release,
+        status="pending",
+        created_at=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        previous=previous["id"],
+        digests=desired,
+        files=dict((path, {"before": before[path], "after": desired[path]}) for path in sorted(desired)),
+        changed_files=sorted(changes),
+    )
+    # Written last: a release without its record is an interrupted one, never current.
+    write_json(store.release_record(release), record)
+    switch_symlink(store.current, os.path.join("releases", release))
+    module.exit_json(**result)
+
+
+def main():
+    module = AnsibleModule(
+        argument_spec=dict(
+            state=dict(type="str", choices=["inventory", "present"], default="present"),
+            package_root=dict(type="path", required=True),
+            state_dir=dict(type="path", default="/var/lib/biv100-serving"),
+            paths=dict(type="list", elements="str", default=[]),
+            pristine_content=dict(type="list", elements="str", default=[]),
+            release=dict(type="str"),
+            files=dict(type="list", elements="dict", default=[]),
+            record=dict(type="dict", default={}),
+            interpreter=dict(type="path"),
+        ),
+        required_if=[("state", "present", ("release", "interpreter"))],
+        supports_check_mode=True,
+    )
+    store = StateDir(module.params["state_dir"])
+    if module.params["state"] == "inventory":
+        inventory(module, store)
+    present(module, store)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,267 @@
+"""biv100.serving.serving_lock (host half) through AnsibleModule, on a temporary state dir."""
+
+from __future__ import annotations
+
+import json
+import multiprocessing
+import sys
+
+import pytest
+from ansible.module_utils import _internal as module_utils_internal
+from ansible.module_utils.common import warnings
+from ansible.module_utils.testing import patch_module_args
+
+from ansible_collections.biv100.serving.plugins.modules import serving_lock
+
+# What the action adds to the task's arguments.
+OURS = {"_controller": "ctl1", "_user": "deploy", "_pid": 4242}
+OTHER = {
+    "run_id": "20260508T221003Z-118",
+    "controller": "ctl2",
+    "user": "alice",
+    "pid": 777,
+    "playbook": "deploy.yml",
+    "release": "sub509",
+    "acquired_at": "2026-05-08T22:10:04Z",
+}
+
+
+@pytest.fixture(autouse=True)
+def as_on_a_host(monkeypatch):
+    """Run the module as a fresh process on a host would.
+
+    Importing controller code (other tests do) sends module warnings to the controller's
+    display instead of the result, and warnings accumulate process-wide.
+    """
+    monkeypatch.setattr(module_utils_internal, "is_controller", False)
+    monkeypatch.setattr(warnings, "_global_warnings", {})
+
+
+@pytest.fixture
+def lock_path(tmp_path):
+    return tmp_path / "state" / "lock"
+
+
+@pytest.fixture
+def lock(lock_path, capsys):
+    """Run the module for run `run-1` on the state dir above; returns (failed, result)."""
+
+    def run(**args):
+        defaults = dict(
+            OURS,
+            run_id="run-1",
+            playbook="deploy.yml",
+            release="sub510",
+            state_dir=str(lock_path.parent),
+        )
+        args = dict(defaults, **args)
+        with patch_module_args(args), pytest.raises(SystemExit) as exit_info:
+            serving_lock.main()
+        return exit_info.value.code != 0, json.loads(capsys.readouterr().out)
+
+    return run
+
+
+def held_by(lock_path, holder):
+    lock_path.parent.mkdir(parents=True, exist_ok=True)
+    lock_path.write_text(json.dumps(holder))
+
+
+def holder_in(lock_path):
+    return json.loads(lock_path.read_text())
+
+
+def warning_messages(result):
+    return [warning["event"]["msg"] for warning in result.get("warnings", [])]
+
+
+def test_a_free_lock_is_taken_naming_this_run(lock, lock_path):
+    failed, result = lock()
+    assert not failed and result["changed"] is True
+    holder = holder_in(lock_path)
+    assert holder == dict(
+        run_id="run-1",
+        controller="ctl1",
+        user="deploy",
+        pid=4242,
+        playbook="deploy.yml",
+        release="sub510",
+        acquired_at=holder["acquired_at"],
+    )
+    assert holder["acquired_at"].endswith("Z")
+    assert result["holder"] == holder and result["lock"] == str(lock_path)
+    assert [path.name for path in lock_path.parent.iterdir()] == ["lock"]
+
+
+def test_taking_it_again_in_the_same_run_changes_nothing(lock, lock_path):
+    lock()
+    written = lock_path.read_text()
+    failed, result = lock(release="another")
+    assert not failed and result["changed"] is False
+    assert lock_path.read_text() == written
+    assert result["holder"] == json.loads(written)
+
+
+def test_a_lock_held_by_another_run_is_refused_naming_the_holder(lock, lock_path):
+    held_by(lock_path, OTHER)
+    failed, result = lock()
+    assert failed
+    assert result["msg"] == (
+        "%s is held by run 20260508T221003Z-118 (alice@ctl2, pid 777, playbook deploy.yml, "
+        "release sub509) since 2026-05-08T22:10:04Z" % lock_path
+    )
+    assert result["holder"] == OTHER
+    assert holder_in(lock_path) == OTHER
+
+
+def test_break_lock_takes_it_over(lock, lock_path):
+    held_by(lock_path, OTHER)
+    failed, result = lock(break_lock=True)
+    assert not failed and result["changed"] is True
+    assert result["previous_holder"] == OTHER
+    assert holder_in(lock_path)["run_id"] == "run-1"
+    assert "took the lock over from run 20260508T221003Z-118" in result["msg"]
+
+
+def test_a_stale_run_named_by_the_action_is_taken_over(lock, lock_path):
+    held_by(lock_path, OTHER)
+    failed, result = lock(_break_stale=OTHER["run_id"])
+    assert not failed and result["previous_holder"] == OTHER
+    assert holder_in(lock_path)["run_id"] == "run-1"
+
+
+def test_a_run_that_took_the_lock_since_the_stale_one_is_not_overrun(lock, lock_path):
+    held_by(lock_path, dict(OTHER, run_id="newer"))
+    failed, result = lock(_break_stale=OTHER["run_id"])
+    assert failed and result["holder"]["run_id"] == "newer"
+    assert holder_in(lock_path)["run_id"] == "newer"
+
+
+def test_an_unreadable_lock_still_holds_the_host(lock, lock_path):
+    held_by(lock_path, OTHER)
+    lock_path.write_text("{half a lo")
+    failed, result = lock()
+    assert failed and "unreadable lock" in result["msg"] and str(lock_path) in result["msg"]
+    failed, result = lock(break_lock=True)
+    assert not failed and holder_in(lock_path)["run_id"] == "run-1"
+
+
+def test_releasing_our_lock_removes_it(lock, lock_path):
+    lock()
+    failed, result = lock(state="absent")
+    assert not failed and result["changed"] is True and result["holder"] is None
+    assert not lock_path.exists()
+
+
+def test_releasing_a_free_lock_changes_nothing(lock):
+    failed, result = lock(state="absent")
+    assert not failed and result["changed"] is False
+
+
+def test_releasing_another_runs_lock_leaves_it_with_a_warning(lock, lock_path):
+    held_by(lock_path, OTHER)
+    failed, result = lock(state="absent")
+    assert not failed and result["changed"] is False
+    assert holder_in(lock_path) == OTHER
+    [warning] = warning_messages(result)
+    assert "run 20260508T221003Z-118" in warning and "left in place" in warning
+
+
+def test_check_mode_takes_nothing_but_reports_the_change(lock, lock_path):
+    failed, result = lock(_ansible_check_mode=True)
+    assert not failed and result["changed"] is True
+    assert not lock_path.exists()
+
+
+def test_check_mode_still_refuses_a_lock_held_by_another_run(lock, lock_path):
+    held_by(lock_path, OTHER)
+    failed, result = lock(_ansible_check_mode=True)
+    assert failed and result["holder"] == OTHER
+
+
+def test_check_mode_neither_breaks_nor_releases(lock, lock_path):
+    held_by(lock_path, OTHER)
+    failed, result = lock(break_lock=True, _ansible_check_mode=True)
+    assert not failed and result["changed"] is True
+    assert holder_in(lock_path) == OTHER
+    lock_path.unlink()
+    lock()
+    failed, result = lock(state="absent", _ansible_check_mode=True)
+    assert not failed and result["changed"] is True
+    assert lock_path.exists()
+
+
+def test_diff_shows_the_lock_before_and_after(lock, lock_path):
+    held_by(lock_path, OTHER)
+    _, result = lock(break_lock=True, _ansible_diff=True)
+    assert json.loads(result["diff"]["before"]) == OTHER
+    assert json.loads(result["diff"]["after"])["run_id"] == "run-1"
+    _, result = lock(state="absent", _ansible_diff=True)
+    assert (
+        json.loads(result["diff"]["before"])["run_id"] == "run-1" and result["diff"]["after"] == ""
+    )
+
+
+def test_no_diff_unless_asked(lock):
+    _, result = lock()
+    assert result["changed"] is True and "diff" not in result
+
+
+def run_in_a_child(args, out, start):
+    """One deployment's task in its own process, started with the others at `start`."""
+    sys.stdout = open(out, "w")
+    start.wait()
+    with patch_module_args(args):
+        try:
+            serving_lock.main()
+        except SystemExit:
+            pass
+    sys.stdout.flush()
+
+
+def race(tmp_path, args_per_run):
+    """Run the module once per args at the same instant; returns each run's result."""
+    context = multiprocessing.get_context("fork")
+    start = context.Barrier(len(args_per_run))
+    outs = [tmp_path / ("run-%d.json" % index) for index in range(len(args_per_run))]
+    children = [
+        context.Process(target=run_in_a_child, args=(args, str(out), start))
+        for args, out in zip(args_per_run, outs)
+    ]
+    for child in children:
+        child.start()
+    for child in children:
+        child.join(60)
+    return [json.loads(out.read_text()) for out in outs]
+
+
+def test_of_runs_starting_together_exactly_one_takes_the_lock(tmp_path, lock_path):
+    runs = [
+        dict(OURS, run_id="run-%d" % index, state_dir=str(lock_path.parent)) for index in range(8)
+    ]
+    results = race(tmp_path, runs)
+    winners = [result["holder"]["run_id"] for result in results if not result.get("failed")]
+    assert len(winners) == 1
+    assert holder_in(lock_path)["run_id"] == winners[0]
+    assert all(
+        "is held by run %s" % winners[0] in result["msg"]
+        for result in results
+        if result.get("failed")
+    )
+
+
+def test_of_runs_breaking_the_same_stale_lock_together_exactly_one_takes_it(tmp_path, lock_path):
+    held_by(lock_path, OTHER)
+    runs = [
+        dict(
+            OURS,
+            run_id="run-%d" % index,
+            state_dir=str(lock_path.parent),
+            _break_stale=OTHER["run_id"],
+        )
+        for index in range(8)
+    ]
+    results = race(tmp_path, runs)
+    winners = [result["holder"]["run_id"] for result in results if not result.get("failed")]
+    assert len(winners) == 1
+    assert holder_in(lock_path)["run_id"] == winners[0]
