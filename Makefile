@@ -10,7 +10,7 @@ export PATH := $(CURDIR)/$(BIN):$(PATH)
 LAB_HOSTS ?= 4
 DEBIAN_PACKAGES := openssh-server openssh-client iproute2 python3-venv
 
-.PHONY: deploy test setup debian-packages lab-up lab-down facts unit lint integration molecule lock
+.PHONY: deploy test setup debian-packages lab-up lab-down facts unit lint integration molecule lock bench
 
 ## Main job: build the lab (if it is not up) and deploy onto it, with its verification.
 deploy: setup lab-up
@@ -57,3 +57,7 @@ molecule: setup
 lock:
 	python3 -m venv .lock-venv && .lock-venv/bin/pip install -q -r requirements.in
 	.lock-venv/bin/pip freeze --exclude-editable > requirements.txt && rm -rf .lock-venv
+
+## The collection against a naive per-file copy loop, on 4 and 8 lab hosts.
+bench: setup
+	$(BIN)/python benchmarks/stage_vs_naive.py --hosts 4 8

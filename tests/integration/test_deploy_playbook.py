@@ -258,3 +258,25 @@ def test_a_deploy_killed_at_any_moment_leaves_whole_files_and_a_rerun_converges(
     converged = run_playbook(DEPLOY, lab.inventory_path, tmp_path / "again", extravars={
         "serving_release": "sub520", "stage_payload_dir": str(payload)})
     assert converged.rc == 0 and not converged.hosts_with("changed"), converged.stats
+
+
+# --- concurrency ----------------------------------------------------------------------------
+
+
+def test_a_host_locked_by_another_run_is_refused_naming_the_holder(lab, first_deploy, tmp_path):
+    locked, *others = lab.hosts
+    holder = {"run_id": "20261129T101500Z-42", "controller": "ci-runner-7", "user": "alice",
+              "pid": 4242, "playbook": "deploy.yml", "release": "sub509",
+              "acquired_at": "2026-11-29T10:15:00Z"}
+    lock = locked.path(f"{STATE}/lock")
+    lock.write_text(json.dumps(holder))
+    try:
+        run = run_playbook(DEPLOY, lab.inventory_path, tmp_path, extravars={"serving_release": "sub510"})
+        assert json.loads(lock.read_text()) == holder  # the other run's lock is left alone
+    finally:
+        lock.unlink()
+    assert run.hosts_with("failures") == {locked.name}
+    (message,) = [m for m in run.failure_messages(locked.name) if "is held by" in m]
+    assert "run 20261129T101500Z-42 (alice@ci-runner-7, pid 4242, playbook deploy.yml, release sub509)" in message
+    assert "serving_lock_break=true" in message
+    assert {host.name for host in others} <= run.hosts_with("ok")

@@ -1,0 +1,123 @@
+"""Deploy one payload to 4 and 8 lab hosts with the collection and with a naive copy loop.
+
+    .venv/bin/python benchmarks/stage_vs_naive.py [--hosts 4 8]
+
+The payload is the shipped one (less the registry patch, which only some hosts take) plus
+whole-file overlays of vLLM 0.10.1.1's tool parsers and reasoning parsers: about 40 files.
+The naive play (naive_copy.yml) stats and copies each file in its own task iteration; the
+collection runs all of deploy.yml (facts, preflight, payload check, lock, guard twice, stage).
+Each first run starts from freshly built hosts; the no-change run follows it. The lab is built
+in a folder of its own and taken down after; it refuses to start while another lab is up.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(REPO / "collections"), str(REPO / "tests" / "lab")]
+
+import lab as lab_builder  # noqa: E402
+import vllm_sources  # noqa: E402
+import yaml  # noqa: E402
+
+from ansible_collections.biv100.serving.plugins.plugin_utils._unified_diff import apply_patch  # noqa: E402
+
+BRIEF_PATHS = {
+    "serving_chat.py": "entrypoints/openai/serving_chat.py",
+    "protocol.py": "entrypoints/openai/protocol.py",
+}
+OVERLAID_TREES = ("entrypoints/openai/tool_parsers", "reasoning")
+PACKAGE_ROOT = "/usr/local/corex/python3/lib/python3.11/site-packages/vllm"
+
+
+def build_payload(work: Path, base: Path) -> tuple[Path, list[dict]]:
+    """The benchmark payload, and the same files rendered for the naive play."""
+    payload = work / "payload"
+    shutil.copytree(REPO / "files" / "serving", payload)
+    manifest = yaml.safe_load((payload / "manifest.yml").read_text())
+    manifest["entries"] = [entry for entry in manifest["entries"] if entry.get("when") is None]
+    rendered = work / "rendered"
+    naive_files = []
+    for entry in manifest["entries"]:
+        dest = BRIEF_PATHS[entry["dest"]]
+        text = apply_patch((base / dest).read_text(), (payload / entry["src"]).read_text(), filename=dest)
+        naive_files.append(render(rendered, dest, text))
+    for tree in OVERLAID_TREES:
+        name = tree.replace("/", "-").replace("_", "-")
+        for source in sorted((base / tree).glob("*.py")):
+            text = source.read_text() + "# a team overlay\n"
+            (payload / "overlays" / name).mkdir(parents=True, exist_ok=True)
+            (payload / "overlays" / name / source.name).write_text(text)
+            naive_files.append(render(rendered, f"{tree}/{source.name}", text))
+        manifest["entries"].append({"name": name, "kind": "dir", "src": f"overlays/{name}", "dest": f"{tree}/"})
+    (payload / "manifest.yml").write_text(yaml.safe_dump(manifest, sort_keys=False))
+    return payload, naive_files
+
+
+def render(rendered: Path, dest: str, text: str) -> dict:
+    path = rendered / dest
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+    return {"src": str(path), "dest": dest}
+
+
+def timed_playbook(playbook: str, inventory: Path, extravars: dict) -> float:
+    env = dict(os.environ, ANSIBLE_CONFIG=str(REPO / "ansible.cfg"),
+               PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}")
+    command = ["ansible-playbook", playbook, "-i", str(inventory), "-e", json.dumps(extravars)]
+    started = time.perf_counter()
+    finished = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True)
+    if finished.returncode:
+        sys.exit(f"{playbook} failed:\n{finished.stdout[-3000:]}")
+    return time.perf_counter() - started
+
+
+def measure(n_hosts: int, lab_dir: Path, plays: dict[str, tuple[str, dict]]) -> dict[str, tuple[float, float]]:
+    """First and no-change run of each play, each first run on freshly built hosts."""
+    times = {}
+    for name, (playbook, extravars) in plays.items():
+        built = lab_builder.up(n_hosts=n_hosts, lab_dir=lab_dir, rebuild=True)
+        try:
+            first = timed_playbook(playbook, built.inventory_path, extravars)
+            again = timed_playbook(playbook, built.inventory_path, extravars)
+        finally:
+            lab_builder.down(lab_dir)
+        times[name] = (first, again)
+    return times
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--hosts", type=int, nargs="+", default=[4, 8])
+    args = parser.parse_args()
+    running = lab_builder.running_lab_dir()
+    if running:
+        sys.exit(f"a lab is up in {running}: take it down first (make lab-down)")
+    base = vllm_sources.ensure_tree(vllm_sources.LAB_BASE_VERSION) / "vllm"
+    with tempfile.TemporaryDirectory(prefix="biv100-bench-") as work:
+        payload, naive_files = build_payload(Path(work), base)
+        plays = {
+            "collection": ("deploy.yml", {"serving_release": "bench", "stage_payload_dir": str(payload)}),
+            "naive": ("benchmarks/naive_copy.yml", {"naive_files": naive_files, "naive_package_root": PACKAGE_ROOT}),
+        }
+        print(f"payload: {len(naive_files)} files")
+        print(f"{'hosts':>5}  {'run':<9}  {'collection':>10}  {'naive':>8}  {'collection/naive':>16}")
+        for n_hosts in args.hosts:
+            times = measure(n_hosts, Path(work) / "lab", plays)
+            for index, run in enumerate(("first", "no-change")):
+                ours, naive = times["collection"][index], times["naive"][index]
+                print(f"{n_hosts:>5}  {run:<9}  {ours:>9.1f}s  {naive:>7.1f}s  {ours / naive:>16.2f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
