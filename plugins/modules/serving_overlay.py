@@ -116,7 +116,6 @@ base_copies_added:
 """
 
 import base64
-import difflib
 import hashlib
 import json
 import os

@@ -1,11 +1,9 @@
 """gpu_facts against fake ixsmi executables that print what nvidia-smi-like tools print."""
 
-import json
 import stat
 import textwrap
 
 import pytest
-from ansible.module_utils.testing import patch_module_args
 
 from ansible_collections.biv100.serving.plugins.modules import gpu_facts
 
@@ -35,16 +33,14 @@ def four_gpus(used=(0, 0, 0, 0)):
     )
 
 
-def run(args, capsys):
-    with patch_module_args(args), pytest.raises(SystemExit) as exit_info:
-        gpu_facts.main()
-    result = json.loads(capsys.readouterr().out)
-    return exit_info.value.code, result
+@pytest.fixture
+def run(run_module):
+    return lambda args: run_module(gpu_facts, args)
 
 
-def test_four_idle_gpus_are_all_free(tmp_path, capsys):
-    rc, result = run({"ixsmi_path": fake_ixsmi(tmp_path, four_gpus())}, capsys)
-    assert rc == 0 and result["changed"] is False
+def test_four_idle_gpus_are_all_free(tmp_path, run):
+    failed, result = run({"ixsmi_path": fake_ixsmi(tmp_path, four_gpus())})
+    assert not failed and result["changed"] is False
     facts = result["ansible_facts"]["gpu_facts"]
     assert facts["count"] == 4
     assert facts["free"] == [0, 1, 2, 3]
@@ -56,10 +52,10 @@ def test_four_idle_gpus_are_all_free(tmp_path, capsys):
     assert result["gpu_facts"] == facts
 
 
-def test_processes_are_attached_to_their_gpu_and_make_it_busy(tmp_path, capsys):
+def test_processes_are_attached_to_their_gpu_and_make_it_busy(tmp_path, run):
     apps = f"{UUIDS[1]}, 4242, python3, 30512\n{UUIDS[3]}, 77, /usr/bin/python3, 1024\n"
     ixsmi = fake_ixsmi(tmp_path, four_gpus(used=(0, 30512, 0, 1024)), apps)
-    _, result = run({"ixsmi_path": ixsmi}, capsys)
+    _, result = run({"ixsmi_path": ixsmi})
     facts = result["gpu_facts"]
     assert facts["free"] == [0, 2]
     assert facts["gpus"][1]["processes"] == [
@@ -68,49 +64,49 @@ def test_processes_are_attached_to_their_gpu_and_make_it_busy(tmp_path, capsys):
     assert [p["pid"] for p in facts["processes"]] == [4242, 77]
 
 
-def test_rows_are_sorted_by_index_and_unavailable_values_are_null(tmp_path, capsys):
+def test_rows_are_sorted_by_index_and_unavailable_values_are_null(tmp_path, run):
     rows = f"1, Iluvatar BI-V100, {UUIDS[1]}, 32768, [N/A], [Not Supported]\n" \
            f"0, Iluvatar BI-V100, {UUIDS[0]}, 32768, 12, 3\n"
-    _, result = run({"ixsmi_path": fake_ixsmi(tmp_path, rows)}, capsys)
+    _, result = run({"ixsmi_path": fake_ixsmi(tmp_path, rows)})
     gpus = result["gpu_facts"]["gpus"]
     assert [g["index"] for g in gpus] == [0, 1]
     assert gpus[1]["memory_used_mib"] is None and gpus[1]["utilization_pct"] is None
 
 
-def test_an_ixsmi_without_process_query_leaves_every_gpu_free(tmp_path, capsys):
+def test_an_ixsmi_without_process_query_leaves_every_gpu_free(tmp_path, run):
     ixsmi = fake_ixsmi(tmp_path, four_gpus(), 'Field "gpu_uuid" is not a valid field\n', apps_rc=2)
-    _, result = run({"ixsmi_path": ixsmi}, capsys)
+    _, result = run({"ixsmi_path": ixsmi})
     assert result["gpu_facts"]["processes_supported"] is False
     assert result["gpu_facts"]["free"] == [0, 1, 2, 3]
 
 
-def test_no_running_processes_in_words_is_no_process(tmp_path, capsys):
+def test_no_running_processes_in_words_is_no_process(tmp_path, run):
     ixsmi = fake_ixsmi(tmp_path, four_gpus(), "No running processes found\n")
-    _, result = run({"ixsmi_path": ixsmi}, capsys)
+    _, result = run({"ixsmi_path": ixsmi})
     assert result["gpu_facts"]["processes"] == []
 
 
-def test_missing_ixsmi_names_every_path_tried(tmp_path, capsys):
+def test_missing_ixsmi_names_every_path_tried(tmp_path, run):
     missing = [str(tmp_path / "a" / "ixsmi"), str(tmp_path / "b" / "ixsmi")]
-    rc, result = run({"search_paths": missing}, capsys)
-    assert rc == 1 and result["failed"]
+    failed, result = run({"search_paths": missing})
+    assert failed
     assert "ixsmi not found" in result["msg"]
     for path in missing:
         assert path in result["msg"]
 
 
-def test_an_explicit_path_is_the_only_one_tried(tmp_path, capsys):
-    rc, result = run({"ixsmi_path": str(tmp_path / "nope")}, capsys)
-    assert rc == 1
+def test_an_explicit_path_is_the_only_one_tried(tmp_path, run):
+    failed, result = run({"ixsmi_path": str(tmp_path / "nope")})
+    assert failed
     assert result["tried"] == [str(tmp_path / "nope")]
 
 
-def test_garbled_output_fails_with_the_offending_value(tmp_path, capsys):
+def test_garbled_output_fails_with_the_offending_value(tmp_path, run):
     rows = f"0, Iluvatar BI-V100, {UUIDS[0]}, lots, 0, 0\n"
-    rc, result = run({"ixsmi_path": fake_ixsmi(tmp_path, rows)}, capsys)
-    assert rc == 1 and "'lots' is not a number" in result["msg"]
+    failed, result = run({"ixsmi_path": fake_ixsmi(tmp_path, rows)})
+    assert failed and "'lots' is not a number" in result["msg"]
 
 
-def test_a_row_with_missing_fields_fails(tmp_path, capsys):
-    rc, result = run({"ixsmi_path": fake_ixsmi(tmp_path, "0, Iluvatar BI-V100\n")}, capsys)
-    assert rc == 1 and "expected 6 fields" in result["msg"]
+def test_a_row_with_missing_fields_fails(tmp_path, run):
+    failed, result = run({"ixsmi_path": fake_ixsmi(tmp_path, "0, Iluvatar BI-V100\n")})
+    assert failed and "expected 6 fields" in result["msg"]

@@ -6,9 +6,6 @@ import hashlib
 import json
 
 import pytest
-from ansible.module_utils import _internal as module_utils_internal
-from ansible.module_utils.common import warnings
-from ansible.module_utils.testing import patch_module_args
 
 from ansible_collections.biv100.serving.plugins.modules import model_guard
 
@@ -21,17 +18,6 @@ PROTECTED = {"sampler.py": SAMPLER, "scheduler.py": SCHEDULER, "qwen3_5.py": Non
 
 def sha256(text):
     return hashlib.sha256(text.encode()).hexdigest()
-
-
-@pytest.fixture(autouse=True)
-def as_on_a_host(monkeypatch):
-    """Run the module as a fresh process on a host would.
-
-    Importing controller code (other tests do) sends module warnings to the controller's
-    display instead of the result, and warnings accumulate process-wide.
-    """
-    monkeypatch.setattr(module_utils_internal, "is_controller", False)
-    monkeypatch.setattr(warnings, "_global_warnings", {})
 
 
 @pytest.fixture
@@ -53,7 +39,7 @@ def write(root, path, text):
 
 
 @pytest.fixture
-def guard(package, state_dir, capsys):
+def guard(package, state_dir, run_module):
     """Run the module with the package and state dir above; returns (failed, result)."""
 
     def run(**args):
@@ -61,9 +47,7 @@ def guard(package, state_dir, capsys):
             {"package_root": str(package), "state_dir": str(state_dir), "protected": PROTECTED},
             **args,
         )
-        with patch_module_args(args), pytest.raises(SystemExit) as exit_info:
-            model_guard.main()
-        return exit_info.value.code != 0, json.loads(capsys.readouterr().out)
+        return run_module(model_guard, args)
 
     return run
 

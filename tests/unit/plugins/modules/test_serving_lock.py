@@ -7,8 +7,6 @@ import multiprocessing
 import sys
 
 import pytest
-from ansible.module_utils import _internal as module_utils_internal
-from ansible.module_utils.common import warnings
 from ansible.module_utils.testing import patch_module_args
 
 from ansible_collections.biv100.serving.plugins.modules import serving_lock
@@ -26,24 +24,13 @@ OTHER = {
 }
 
 
-@pytest.fixture(autouse=True)
-def as_on_a_host(monkeypatch):
-    """Run the module as a fresh process on a host would.
-
-    Importing controller code (other tests do) sends module warnings to the controller's
-    display instead of the result, and warnings accumulate process-wide.
-    """
-    monkeypatch.setattr(module_utils_internal, "is_controller", False)
-    monkeypatch.setattr(warnings, "_global_warnings", {})
-
-
 @pytest.fixture
 def lock_path(tmp_path):
     return tmp_path / "state" / "lock"
 
 
 @pytest.fixture
-def lock(lock_path, capsys):
+def lock(lock_path, run_module):
     """Run the module for run `run-1` on the state dir above; returns (failed, result)."""
 
     def run(**args):
@@ -55,9 +42,7 @@ def lock(lock_path, capsys):
             state_dir=str(lock_path.parent),
         )
         args = dict(defaults, **args)
-        with patch_module_args(args), pytest.raises(SystemExit) as exit_info:
-            serving_lock.main()
-        return exit_info.value.code != 0, json.loads(capsys.readouterr().out)
+        return run_module(serving_lock, args)
 
     return run
 

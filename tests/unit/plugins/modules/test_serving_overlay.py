@@ -9,7 +9,6 @@ import os
 import sys
 
 import pytest
-from ansible.module_utils.testing import patch_module_args
 
 from ansible_collections.biv100.serving.plugins.modules import serving_overlay
 
@@ -31,23 +30,24 @@ def host(tmp_path):
     return {"package_root": str(package), "state_dir": str(tmp_path / "state")}
 
 
-def run(args, capsys, check_mode=False, diff=False):
-    args = dict(args, _ansible_check_mode=check_mode, _ansible_diff=diff)
-    with patch_module_args(args), pytest.raises(SystemExit) as exit_info:
-        serving_overlay.main()
-    result = json.loads(capsys.readouterr().out)
-    assert (exit_info.value.code == 0) != bool(result.get("failed")), result
-    return result
+@pytest.fixture
+def run(run_module):
+    def overlay(args, check_mode=False, diff=False):
+        failed, result = run_module(serving_overlay, dict(args, _ansible_check_mode=check_mode, _ansible_diff=diff))
+        assert failed == bool(result.get("failed")), result
+        return result
+
+    return overlay
 
 
-def release(host, capsys, name, files, **kwargs):
+def release(run, host, name, files, **kwargs):
     items = [
         {"path": path, "sha256": sha(data), **({"content": base64.b64encode(data).decode()} if send else {})}
         for path, (data, send) in files.items()
     ]
     args = dict(host, state="present", release=name, files=items, interpreter=sys.executable,
                 record={"payload_digest": "d-" + name})
-    return run(args, capsys, **kwargs)
+    return run(args, **kwargs)
 
 
 def installed(host, path):
@@ -59,8 +59,8 @@ def state(host, *parts):
     return os.path.join(host["state_dir"], *parts)
 
 
-def test_a_first_release_keeps_the_vendor_copy_and_switches_current(host, capsys):
-    result = release(host, capsys, "sub510", {CHAT: (b"# ours\n", True), NEW_PARSER: (b"X = 1\n", True)})
+def test_a_first_release_keeps_the_vendor_copy_and_switches_current(host, run):
+    result = release(run, host, "sub510", {CHAT: (b"# ours\n", True), NEW_PARSER: (b"X = 1\n", True)})
     assert result["changed"] and result["changed_files"] == [CHAT, NEW_PARSER]
     assert installed(host, CHAT) == b"# ours\n" and installed(host, NEW_PARSER) == b"X = 1\n"
     assert open(state(host, "base", CHAT), "rb").read() == VENDOR_CHAT
@@ -74,67 +74,67 @@ def test_a_first_release_keeps_the_vendor_copy_and_switches_current(host, capsys
     assert open(state(host, "releases", "sub510", "files", CHAT), "rb").read() == b"# ours\n"
 
 
-def test_the_same_release_again_changes_nothing(host, capsys):
-    release(host, capsys, "sub510", {CHAT: (b"# ours\n", True)})
-    again = release(host, capsys, "sub510", {CHAT: (b"# ours\n", False)})
+def test_the_same_release_again_changes_nothing(host, run):
+    release(run, host, "sub510", {CHAT: (b"# ours\n", True)})
+    again = release(run, host, "sub510", {CHAT: (b"# ours\n", False)})
     assert again["changed"] is False and again["changed_files"] == []
 
 
-def test_check_mode_reports_and_diffs_but_writes_nothing(host, capsys):
-    result = release(host, capsys, "sub510", {CHAT: (b"# ours\n", True)}, check_mode=True, diff=True)
+def test_check_mode_reports_and_diffs_but_writes_nothing(host, run):
+    result = release(run, host, "sub510", {CHAT: (b"# ours\n", True)}, check_mode=True, diff=True)
     assert result["changed"] and result["changed_files"] == [CHAT]
     assert "# the vendor's chat serving" in result["diff"]["before"] and "# ours" in result["diff"]["after"]
     assert installed(host, CHAT) == VENDOR_CHAT
     assert not os.path.exists(host["state_dir"])
 
 
-def test_a_file_that_does_not_compile_is_refused_before_anything_is_written(host, capsys):
-    result = release(host, capsys, "sub510", {CHAT: (b"# fine\n", True), NEW_PARSER: (b"def broken(:\n", True)})
+def test_a_file_that_does_not_compile_is_refused_before_anything_is_written(host, run):
+    result = release(run, host, "sub510", {CHAT: (b"# fine\n", True), NEW_PARSER: (b"def broken(:\n", True)})
     assert result["failed"]
     assert f"{NEW_PARSER} line 1" in result["msg"] and sys.executable in result["msg"]
     assert installed(host, CHAT) == VENDOR_CHAT and installed(host, NEW_PARSER) is None
     assert not os.path.exists(host["state_dir"])
 
 
-def test_a_later_release_restores_what_the_payload_no_longer_touches(host, capsys):
-    release(host, capsys, "sub510", {CHAT: (b"# ours\n", True), NEW_PARSER: (b"X = 1\n", True)})
+def test_a_later_release_restores_what_the_payload_no_longer_touches(host, run):
+    release(run, host, "sub510", {CHAT: (b"# ours\n", True), NEW_PARSER: (b"X = 1\n", True)})
     # The controller sends no content: the vendor's file comes from its kept copy, and the
     # file the vendor never had goes away.
-    result = release(host, capsys, "sub511", {CHAT: (VENDOR_CHAT, False), NEW_PARSER: (None, False)})
+    result = release(run, host, "sub511", {CHAT: (VENDOR_CHAT, False), NEW_PARSER: (None, False)})
     assert result["changed_files"] == [CHAT, NEW_PARSER]
     assert installed(host, CHAT) == VENDOR_CHAT and installed(host, NEW_PARSER) is None
     record = json.load(open(state(host, "releases", "sub511", "release.json")))
     assert record["previous"] == "sub510" and record["digests"][NEW_PARSER] is None
 
 
-def test_the_kept_vendor_copy_is_never_replaced(host, capsys):
-    release(host, capsys, "sub510", {CHAT: (b"# ours\n", True)})
-    release(host, capsys, "sub511", {CHAT: (b"# ours, again\n", True)})
+def test_the_kept_vendor_copy_is_never_replaced(host, run):
+    release(run, host, "sub510", {CHAT: (b"# ours\n", True)})
+    release(run, host, "sub511", {CHAT: (b"# ours, again\n", True)})
     assert open(state(host, "base", CHAT), "rb").read() == VENDOR_CHAT
 
 
-def test_content_damaged_in_transit_is_refused(host, capsys):
+def test_content_damaged_in_transit_is_refused(host, run):
     item = {"path": CHAT, "sha256": sha(b"# ours\n"), "content": base64.b64encode(b"# 0urs\n").decode()}
-    result = run(dict(host, state="present", release="sub510", files=[item], interpreter=sys.executable), capsys)
+    result = run(dict(host, state="present", release="sub510", files=[item], interpreter=sys.executable))
     assert result["failed"] and "arrived damaged" in result["msg"]
     assert installed(host, CHAT) == VENDOR_CHAT
 
 
-def test_a_release_id_is_never_reused_for_other_content(host, capsys):
-    release(host, capsys, "sub510", {CHAT: (b"# ours\n", True)})
-    result = release(host, capsys, "sub510", {CHAT: (b"# other\n", True)})
+def test_a_release_id_is_never_reused_for_other_content(host, run):
+    release(run, host, "sub510", {CHAT: (b"# ours\n", True)})
+    result = release(run, host, "sub510", {CHAT: (b"# other\n", True)})
     assert result["failed"] and "release sub510 already exists on this host with other content" in result["msg"]
     assert installed(host, CHAT) == b"# ours\n"
 
 
-def test_content_the_host_lacks_and_nobody_sent_is_an_error(host, capsys):
-    result = release(host, capsys, "sub510", {CHAT: (b"# ours\n", False)})
+def test_content_the_host_lacks_and_nobody_sent_is_an_error(host, run):
+    result = release(run, host, "sub510", {CHAT: (b"# ours\n", False)})
     assert result["failed"] and f"{CHAT}: the host has no content with sha256" in result["msg"]
 
 
-def test_inventory_reports_digests_and_pristine_content(host, capsys):
-    release(host, capsys, "sub510", {CHAT: (b"# ours\n", True), NEW_PARSER: (b"X = 1\n", True)})
-    result = run(dict(host, state="inventory", paths=[CHAT], pristine_content=[CHAT]), capsys)
+def test_inventory_reports_digests_and_pristine_content(host, run):
+    release(run, host, "sub510", {CHAT: (b"# ours\n", True), NEW_PARSER: (b"X = 1\n", True)})
+    result = run(dict(host, state="inventory", paths=[CHAT], pristine_content=[CHAT]))
     assert result["changed"] is False
     assert result["overlaid"] == [CHAT, NEW_PARSER]
     chat = result["files"][CHAT]

@@ -10,40 +10,19 @@ import subprocess
 import sys
 
 import pytest
-from ansible.module_utils import basic
-from ansible.module_utils.testing import patch_module_args
 
 from ansible_collections.biv100.serving.plugins.modules import vllm_facts
 
 BASE_VERSION = "0.10.1.1"
 
 
-class ModuleExit(Exception):
-    """exit_json or fail_json was called; carries the result."""
-
-    def __init__(self, failed, result):
-        super().__init__(result)
-        self.failed = failed
-        self.result = result
-
-
 @pytest.fixture
-def run_module(monkeypatch, tmp_path):
-    def exit_json(module, **result):
-        raise ModuleExit(False, result)
-
-    def fail_json(module, **result):
-        raise ModuleExit(True, result)
-
-    monkeypatch.setattr(basic.AnsibleModule, "exit_json", exit_json)
-    monkeypatch.setattr(basic.AnsibleModule, "fail_json", fail_json)
+def facts_of(run_module, tmp_path):
+    """facts_of(**args) -> ModuleRun of vllm_facts, with an empty state store of the test's own."""
 
     def run(**args):
-        # An empty state store of the test's own, never the machine's.
         args.setdefault("state_dir", str(tmp_path / "state"))
-        with patch_module_args(args), pytest.raises(ModuleExit) as finished:
-            vllm_facts.main()
-        return finished.value
+        return run_module(vllm_facts, args)
 
     return run
 
@@ -78,8 +57,8 @@ def venv_with_vllm(vllm_trees, tmp_path_factory):
     return python, site_packages
 
 
-def test_an_explicit_package_root(run_module, vendor_like_root, vllm_trees):
-    outcome = run_module(package_root=str(vendor_like_root))
+def test_an_explicit_package_root(facts_of, vendor_like_root, vllm_trees):
+    outcome = facts_of(package_root=str(vendor_like_root))
     assert not outcome.failed
     facts = outcome.result["vllm_facts"]
     assert outcome.result["changed"] is False
@@ -102,22 +81,22 @@ def test_an_explicit_package_root(run_module, vendor_like_root, vllm_trees):
     assert "model" not in facts
 
 
-def test_check_mode_reports_the_same_and_no_change(run_module, vendor_like_root):
-    normal = run_module(package_root=str(vendor_like_root)).result
-    checked = run_module(package_root=str(vendor_like_root), _ansible_check_mode=True).result
+def test_check_mode_reports_the_same_and_no_change(facts_of, vendor_like_root):
+    normal = facts_of(package_root=str(vendor_like_root)).result
+    checked = facts_of(package_root=str(vendor_like_root), _ansible_check_mode=True).result
     assert checked["changed"] is False
     assert checked["vllm_facts"] == normal["vllm_facts"]
 
 
-def test_a_package_root_that_is_no_directory_fails(run_module, tmp_path):
-    outcome = run_module(package_root=str(tmp_path / "nowhere"))
+def test_a_package_root_that_is_no_directory_fails(facts_of, tmp_path):
+    outcome = facts_of(package_root=str(tmp_path / "nowhere"))
     assert outcome.failed
     assert outcome.result["msg"] == "package_root %s is not a directory" % (tmp_path / "nowhere")
 
 
-def test_the_package_is_found_through_the_interpreter(run_module, venv_with_vllm):
+def test_the_package_is_found_through_the_interpreter(facts_of, venv_with_vllm):
     python, site_packages = venv_with_vllm
-    outcome = run_module(interpreter=str(python))
+    outcome = facts_of(interpreter=str(python))
     assert not outcome.failed, outcome.result
     facts = outcome.result["vllm_facts"]
     assert facts["interpreter"] == str(python)
@@ -128,25 +107,25 @@ def test_the_package_is_found_through_the_interpreter(run_module, venv_with_vllm
     assert facts["files"]["serving"]["qwen3coder_tool_parser.py"]["exists"] is True
 
 
-def test_an_interpreter_without_vllm_fails_naming_it_and_its_search_path(run_module, tmp_path):
+def test_an_interpreter_without_vllm_fails_naming_it_and_its_search_path(facts_of, tmp_path):
     python, site_packages = make_venv(tmp_path, "bare")
-    outcome = run_module(interpreter=str(python))
+    outcome = facts_of(interpreter=str(python))
     assert outcome.failed
     assert outcome.result["msg"].startswith("no vllm package for %s (Python " % python)
     assert str(site_packages) in outcome.result["sys_path"]
     assert str(site_packages) in outcome.result["msg"]
 
 
-def test_a_missing_interpreter_fails_naming_it(run_module, tmp_path):
-    outcome = run_module(interpreter=str(tmp_path / "python3"))
+def test_a_missing_interpreter_fails_naming_it(facts_of, tmp_path):
+    outcome = facts_of(interpreter=str(tmp_path / "python3"))
     assert outcome.failed
     assert outcome.result["msg"] == "cannot run %s: No such file or directory" % (
         tmp_path / "python3"
     )
 
 
-def test_an_interpreter_that_cannot_run_the_probe_fails_naming_it(run_module):
-    outcome = run_module(interpreter="/bin/false")
+def test_an_interpreter_that_cannot_run_the_probe_fails_naming_it(facts_of):
+    outcome = facts_of(interpreter="/bin/false")
     assert outcome.failed
     assert outcome.result["msg"] == "/bin/false did not answer the vllm probe (rc=1): "
 
@@ -181,8 +160,8 @@ def model(tmp_path, config):
     ],
     ids=["served", "registrable", "unregistrable"],
 )
-def test_model_path(run_module, vendor_like_root, tmp_path, config, served, missing, registrable):
-    outcome = run_module(package_root=str(vendor_like_root), model_path=model(tmp_path, config))
+def test_model_path(facts_of, vendor_like_root, tmp_path, config, served, missing, registrable):
+    outcome = facts_of(package_root=str(vendor_like_root), model_path=model(tmp_path, config))
     facts = outcome.result["vllm_facts"]["model"]
     assert facts["error"] is None
     assert (facts["served"], facts["missing"], facts["registrable"]) == (
@@ -192,7 +171,7 @@ def test_model_path(run_module, vendor_like_root, tmp_path, config, served, miss
     )
 
 
-def test_the_vendors_registry_decides_what_the_base_lacks(run_module, vendor_like_root, tmp_path):
+def test_the_vendors_registry_decides_what_the_base_lacks(facts_of, vendor_like_root, tmp_path):
     """Once a release patched registry.py, the kept vendor copy still says the patch is needed."""
     installed = vendor_like_root / REGISTRY
     pristine = tmp_path / "state" / "base" / REGISTRY
@@ -204,23 +183,23 @@ def test_the_vendors_registry_decides_what_the_base_lacks(run_module, vendor_lik
     installed.write_text(original.replace("_MULTIMODAL_MODELS = {\n", "_MULTIMODAL_MODELS = {\n" + entry, 1))
     try:
         config = {"architectures": [arch]}
-        facts = run_module(package_root=str(vendor_like_root), model_path=model(tmp_path, config))
+        facts = facts_of(package_root=str(vendor_like_root), model_path=model(tmp_path, config))
     finally:
         installed.write_text(original)
     model_facts = facts.result["vllm_facts"]["model"]
     assert (model_facts["served"], model_facts["missing"], model_facts["missing_in_base"]) == (True, [], [arch])
 
 
-def test_before_any_release_the_base_lacks_what_the_registry_lacks(run_module, vendor_like_root, tmp_path):
+def test_before_any_release_the_base_lacks_what_the_registry_lacks(facts_of, vendor_like_root, tmp_path):
     config = {"architectures": ["Qwen3_5ForConditionalGeneration"]}
-    facts = run_module(package_root=str(vendor_like_root), model_path=model(tmp_path, config))
+    facts = facts_of(package_root=str(vendor_like_root), model_path=model(tmp_path, config))
     model_facts = facts.result["vllm_facts"]["model"]
     assert model_facts["missing_in_base"] == model_facts["missing"] == ["Qwen3_5ForConditionalGeneration"]
 
 
-def test_a_model_without_config_is_reported_not_failed(run_module, vendor_like_root, tmp_path):
+def test_a_model_without_config_is_reported_not_failed(facts_of, vendor_like_root, tmp_path):
     model_path = model(tmp_path, None)
-    outcome = run_module(package_root=str(vendor_like_root), model_path=model_path)
+    outcome = facts_of(package_root=str(vendor_like_root), model_path=model_path)
     assert not outcome.failed
     error = outcome.result["vllm_facts"]["model"]["error"]
     assert error.startswith("cannot read %s/config.json: " % model_path)
