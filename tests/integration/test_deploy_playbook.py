@@ -271,7 +271,7 @@ def test_a_host_locked_by_another_run_is_refused_naming_the_holder(lab, first_de
     lock = locked.path(f"{STATE}/lock")
     lock.write_text(json.dumps(holder))
     try:
-        run = run_playbook(DEPLOY, lab.inventory_path, tmp_path, extravars={"serving_release": "sub510"})
+        run = run_playbook(DEPLOY, lab.inventory_path, tmp_path, extravars={"serving_release": "sub530"})
         assert json.loads(lock.read_text()) == holder  # the other run's lock is left alone
     finally:
         lock.unlink()
@@ -280,3 +280,5 @@ def test_a_host_locked_by_another_run_is_refused_naming_the_holder(lab, first_de
     assert "run 20261129T101500Z-42 (alice@ci-runner-7, pid 4242, playbook deploy.yml, release sub509)" in message
     assert "serving_lock_break=true" in message
     assert {host.name for host in others} <= run.hosts_with("ok")
+    assert current_release(locked)["id"] != "sub530"
+    assert {current_release(host)["id"] for host in others} == {"sub530"}
