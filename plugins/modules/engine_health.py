@@ -1,0 +1,260 @@
+#!/usr/bin/python
+# -*- coding: utf-8 -*-
+# Copyright: biv100.serving maintainers
+# Apache License 2.0 (see LICENSE)
+
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+---
+module: engine_health
+short_description: Wait until the vLLM engine serves the configured model
+version_added: 0.1.0
+description:
+  - Polls C(GET /health) until it answers 200; refused and reset connections, timeouts and
+    other statuses mean the engine is still loading. Then reads C(GET /v1/models) and checks
+    that a card's C(id) is O(served_model_name) and, when O(max_model_len) is given, that the
+    card carries it.
+  - Loading a large tensor-parallel model takes minutes, hence the long default O(timeout).
+  - Only O(url) is contacted, directly; proxy variables of the environment are ignored.
+author:
+  - biv100.serving maintainers (!UNKNOWN)
+options:
+  url:
+    description: The engine's base URL.
+    type: str
+    default: http://127.0.0.1:8000
+  served_model_name:
+    description: The model name the engine serves (its C(--served-model-name)).
+    type: str
+    required: true
+  max_model_len:
+    description: The context length the model's card must carry.
+    type: int
+  api_key:
+    description: The engine's API key, sent as a bearer token to C(/v1/models).
+    type: str
+  timeout:
+    description: Seconds to wait for the engine in all.
+    type: float
+    default: 900
+  interval:
+    description: Seconds between two polls.
+    type: float
+    default: 2
+  pid:
+    description: The engine's pid; when that process ends while waiting, the task fails at once.
+    type: int
+  log_file:
+    description: The engine's log; on failure its last 40 lines are in the message and RV(log_tail).
+    type: path
+attributes:
+  check_mode:
+    description:
+      - Can run in check_mode and return changed status prediction without modifying target.
+    support: full
+    details:
+      - Only reads, so it waits and checks in check mode too.
+  diff_mode:
+    description:
+      - Will return details on what has changed (or possibly needs changing in check_mode),
+        when in diff mode.
+    support: none
+  platform:
+    description: Target OS/families that can be operated against.
+    support: full
+    platforms: posix
+seealso:
+  - module: biv100.serving.engine_process
+"""
+
+EXAMPLES = r"""
+- name: Wait until the engine serves qwen3_5 with the full context
+  biv100.serving.engine_health:
+    url: http://127.0.0.1:8000
+    served_model_name: qwen3_5
+    max_model_len: 256000
+    api_key: "{{ serving_engine_api_key | default(omit) }}"
+    pid: "{{ engine.pid }}"
+    log_file: "{{ engine.log_file }}"
+"""
+
+RETURN = r"""
+elapsed:
+  description: Seconds from the first poll until the engine was found serving (or the failure).
+  returned: always
+  type: float
+  sample: 143.2
+models:
+  description: The cards of C(/v1/models).
+  returned: when /v1/models answered
+  type: list
+  elements: dict
+  sample:
+    - id: qwen3_5
+      object: model
+      owned_by: vllm
+      max_model_len: 256000
+log_tail:
+  description: The last 40 lines of O(log_file).
+  returned: failure, when O(log_file) is given
+  type: list
+  elements: str
+"""
+
+import json
+import socket
+import time
+from http.client import HTTPException
+from urllib.error import HTTPError, URLError
+from urllib.request import ProxyHandler, Request, build_opener
+
+from ansible.module_utils.basic import AnsibleModule
+from ansible_collections.biv100.serving.plugins.module_utils._engine_process import (
+    is_alive,
+    log_tail,
+)
+
+# The longest a single request may take; a loading engine may accept and not answer.
+REQUEST_TIMEOUT = 10
+
+# How much of an unexpected answer a message quotes.
+QUOTED_BYTES = 200
+
+
+class NotYet(Exception):
+    """The engine does not answer yet; the message says how the request failed."""
+
+
+def get(url, headers, seconds):
+    """The status and body of GET url; NotYet for what a loading engine does."""
+    # An http_proxy of the connection's environment must not send the request elsewhere.
+    opener = build_opener(ProxyHandler({}))
+    try:
+        with opener.open(Request(url, headers=headers), timeout=seconds) as response:
+            return response.getcode(), response.read()
+    except HTTPError as error:
+        return error.code, error.read()
+    except URLError as error:
+        raise NotYet(describe_connection_error(error.reason))
+    except (OSError, HTTPException) as error:
+        raise NotYet(describe_connection_error(error))
+
+
+def describe_connection_error(reason):
+    if isinstance(reason, ConnectionRefusedError):
+        return "connection refused"
+    if isinstance(reason, ConnectionResetError):
+        return "connection reset"
+    if isinstance(reason, socket.timeout):
+        return "timed out"
+    return str(reason) or type(reason).__name__
+
+
+def quoted(body):
+    return body[:QUOTED_BYTES].decode("utf-8", "replace")
+
+
+class HealthWait(object):
+    """One wait for one engine: the clock, the URL, and failing with the log's tail."""
+
+    def __init__(self, module):
+        self.module = module
+        self.params = module.params
+        self.base = self.params["url"].rstrip("/")
+        self.started = time.monotonic()
+        self.deadline = self.started + self.params["timeout"]
+
+    def elapsed(self):
+        return round(time.monotonic() - self.started, 1)
+
+    def fail(self, message, **result):
+        log_file = self.params["log_file"]
+        if log_file:
+            tail = log_tail(log_file)
+            message = "%s; log tail (%s):\n%s" % (message, log_file, "\n".join(tail))
+            result["log_tail"] = tail
+        self.module.fail_json(msg=message, elapsed=self.elapsed(), **result)
+
+    def until_healthy(self):
+        """Poll /health until it answers 200; fail on timeout or when the engine's pid ends."""
+        pid = self.params["pid"]
+        last = "no answer yet"
+        while True:
+            if pid is not None and not is_alive(pid):
+                self.fail(
+                    "engine process %d ended while waiting for %s (last: %s)"
+                    % (pid, self.base, last)
+                )
+            remaining = self.deadline - time.monotonic()
+            if remaining <= 0:
+                self.fail(
+                    "engine at %s not healthy after %g s (last: %s)"
+                    % (self.base, self.params["timeout"], last)
+                )
+            try:
+                status, _body = get(self.base + "/health", {}, min(REQUEST_TIMEOUT, remaining))
+                if status == 200:
+                    return
+                last = "HTTP %d" % status
+            except NotYet as error:
+                last = str(error)
+            time.sleep(max(0, min(self.params["interval"], self.deadline - time.monotonic())))
+
+    def model_cards(self):
+        """The cards of /v1/models; an engine that is healthy answers it at once."""
+        headers = {}
+        if self.params["api_key"]:
+            headers["Authorization"] = "Bearer %s" % self.params["api_key"]
+        url = self.base + "/v1/models"
+        try:
+            status, body = get(url, headers, REQUEST_TIMEOUT)
+        except NotYet as error:
+            self.fail("engine at %s answered /health but not /v1/models (%s)" % (self.base, error))
+        if status != 200:
+            self.fail("GET %s answered HTTP %d: %s" % (url, status, quoted(body)))
+        try:
+            return json.loads(body)["data"]
+        except (ValueError, KeyError, TypeError):
+            self.fail("GET %s did not answer a model list: %s" % (url, quoted(body)))
+
+    def check(self, cards):
+        """Fail naming what is wrong when the served model's card is missing or says otherwise."""
+        name = self.params["served_model_name"]
+        card = next((card for card in cards if card.get("id") == name), None)
+        if card is None:
+            served = ", ".join(str(card.get("id")) for card in cards) or "none"
+            self.fail("served model %s not in /v1/models (got: %s)" % (name, served), models=cards)
+        wanted = self.params["max_model_len"]
+        if wanted is not None and card.get("max_model_len") != wanted:
+            self.fail(
+                "%s: max_model_len %s, expected %d" % (name, card.get("max_model_len"), wanted),
+                models=cards,
+            )
+
+
+def main():
+    module = AnsibleModule(
+        argument_spec=dict(
+            url=dict(type="str", default="http://127.0.0.1:8000"),
+            served_model_name=dict(type="str", required=True),
+            max_model_len=dict(type="int"),
+            api_key=dict(type="str", no_log=True),
+            timeout=dict(type="float", default=900),
+            interval=dict(type="float", default=2),
+            pid=dict(type="int"),
+            log_file=dict(type="path"),
+        ),
+        supports_check_mode=True,
+    )
+    if not module.params["url"].startswith(("http://", "https://")):
+        module.fail_json(msg="url %s is not an http:// or https:// URL" % module.params["url"])
+    wait = HealthWait(module)
+    wait.until_healthy()
+    cards = wait.model_cards()
+    wait.check(cards)
+    module.exit_json(changed=False, elapsed=wait.elapsed(), models=cards)
+
+
+if __name__ == "__main__":
+    main()

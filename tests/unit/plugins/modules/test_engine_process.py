@@ -1,0 +1,362 @@
+"""biv100.serving.engine_process with real processes: a small HTTP server stands in for vLLM."""
+
+from __future__ import annotations
+
+import os
+import pwd
+import signal
+import socket
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+
+from ansible_collections.biv100.serving.plugins.module_utils._engine_process import (
+    group_members,
+    is_alive,
+    process_stat,
+)
+from ansible_collections.biv100.serving.plugins.modules import engine_process
+
+# The engine stand-in of these tests: vLLM's /health (503 while "loading") and /v1/models, one
+# worker child in its process group as vLLM's tensor-parallel workers are, and on request a
+# SIGTERM it ignores.
+SERVER = textwrap.dedent("""
+    import argparse, json, signal, subprocess, sys, time
+    from http.server import BaseHTTPRequestHandler, HTTPServer
+
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--port", type=int, required=True)
+    parser.add_argument("--served-model-name", default="qwen3_5")
+    parser.add_argument("--max-model-len", type=int, default=256000)
+    parser.add_argument("--max-num-seqs", type=int, default=2)
+    parser.add_argument("--ready-after", type=float, default=0)
+    parser.add_argument("--api-key")
+    parser.add_argument("--ignore-sigterm", action="store_true")
+    args = parser.parse_args()
+    if args.ignore_sigterm:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    worker = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)"])
+    ready_at = time.monotonic() + args.ready_after
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self):
+            if self.path == "/health":
+                self.answer(200 if time.monotonic() >= ready_at else 503, {})
+            elif self.path != "/v1/models":
+                self.answer(404, {"error": "not found"})
+            elif args.api_key and self.headers.get("Authorization") != "Bearer " + args.api_key:
+                self.answer(401, {"error": "Unauthorized"})
+            else:
+                card = {"id": args.served_model_name, "object": "model",
+                        "max_model_len": args.max_model_len}
+                self.answer(200, {"object": "list", "data": [card]})
+
+        def answer(self, status, document):
+            body = json.dumps(document).encode()
+            self.send_response(status)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+    server = HTTPServer(("127.0.0.1", args.port), Handler)
+    print("serving on port %d, worker %d" % (args.port, worker.pid), flush=True)
+    server.serve_forever()
+    """)
+
+BASE_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+
+
+def free_port():
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def end_process_group(pid):
+    """SIGKILL pid's group if pid still leads it, and reap pid if it is a child of the tests."""
+    stat = process_stat(pid)
+    if stat and stat["pgrp"] == pid:
+        os.killpg(pid, signal.SIGKILL)
+    try:
+        os.waitpid(pid, 0)
+    except ChildProcessError:
+        pass
+
+
+@pytest.fixture
+def server_script(tmp_path):
+    path = tmp_path / "server.py"
+    path.write_text(SERVER)
+    return path
+
+
+@pytest.fixture
+def engine(tmp_path, server_script, run_module):
+    """engine(state=..., **args) runs the module on files under tmp_path; every engine it
+    started is killed at teardown."""
+    port = free_port()
+    started = []
+
+    def run(*extra_arguments, **args):
+        defaults = dict(
+            name="vllm",
+            command=[sys.executable, str(server_script), "--port", str(port)]
+            + list(extra_arguments),
+            pid_file=str(tmp_path / "run" / "vllm.pid"),
+            log_file=str(tmp_path / "log" / "vllm.log"),
+            start_check_seconds=0.3,
+        )
+        outcome = run_module(engine_process, dict(defaults, **args))
+        if outcome.result.get("pid"):
+            started.append(outcome.result["pid"])
+        return outcome
+
+    run.port = port
+    run.pid_file = tmp_path / "run" / "vllm.pid"
+    run.log_file = tmp_path / "log" / "vllm.log"
+    yield run
+    for pid in started:
+        end_process_group(pid)
+
+
+@pytest.fixture
+def foreign_process():
+    """A process that is not the engine: a sleep under another command line."""
+    process = subprocess.Popen(["sleep", "60"])
+    yield process
+    process.kill()
+    process.wait()
+
+
+def environ_of(pid):
+    with open("/proc/%d/environ" % pid, "rb") as stream:
+        entries = stream.read().decode().split("\0")[:-1]
+    return dict(entry.split("=", 1) for entry in entries)
+
+
+def wait_for_log_line(path, text, seconds=5):
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if path.exists() and text in path.read_text():
+            return
+        time.sleep(0.05)
+    raise AssertionError("%s never showed up in %s" % (text, path))
+
+
+def test_started_launches_a_lasting_engine_in_a_session_of_its_own(engine, tmp_path):
+    env_file = tmp_path / "vllm.env"
+    env_file.write_text(
+        "# the tuned allocator\n"
+        "PYTORCH_CUDA_ALLOC_CONF='expandable_segments:True'\n"
+        "\n"
+        "CUDA_VISIBLE_DEVICES=0,1\n"
+    )
+    failed, result = engine(env_file=str(env_file), env={"CUDA_VISIBLE_DEVICES": "0,1,2,3"})
+
+    assert not failed and result["changed"] and result["action"] == "start"
+    pid = result["pid"]
+    assert engine.pid_file.read_text() == "%d\n" % pid
+    assert is_alive(pid) and os.getsid(pid) == pid
+    wanted_env = {
+        "PATH": BASE_PATH,
+        "HOME": pwd.getpwuid(os.geteuid()).pw_dir,
+        "LANG": "C.UTF-8",
+        "PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True",
+        "CUDA_VISIBLE_DEVICES": "0,1,2,3",
+    }
+    assert environ_of(pid) == wanted_env and result["env"] == wanted_env
+    assert result["command"][-2:] == ["--port", str(engine.port)] and result["drift"] == []
+    assert result["running"] and result["started_at"].endswith("Z")
+    wait_for_log_line(engine.log_file, "serving on port %d" % engine.port)
+    # Its output goes to the log and nowhere of the module's: Ansible waits for those to close.
+    outputs = [os.readlink("/proc/%d/fd/%d" % (pid, fd)) for fd in (0, 1, 2)]
+    assert outputs == ["/dev/null", str(engine.log_file), str(engine.log_file)]
+
+
+def test_an_engine_as_desired_is_left_alone_and_reports_no_drift(engine):
+    first = engine("--max-num-seqs", "2").result
+    again = engine("--max-num-seqs=2").result
+    status = engine("--max-num-seqs", "2", state="status").result
+
+    assert (again["changed"], again["action"], again["pid"]) == (False, "none", first["pid"])
+    assert (status["changed"], status["running"], status["drift"]) == (False, True, [])
+    assert status["pid"] == first["pid"] and status["command"] == first["command"]
+
+
+def test_drift_is_reported_by_status_and_restarts_a_started_engine(engine):
+    first = engine(
+        "--max-num-seqs", "4", env={"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:False"}
+    ).result
+    desired = dict(env={"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"})
+    expected_drift = [
+        "argument --max-num-seqs: running 4, desired 2",
+        "env PYTORCH_CUDA_ALLOC_CONF: running expandable_segments:False, desired expandable_segments:True",
+    ]
+
+    status = engine("--max-num-seqs", "2", state="status", **desired).result
+    assert (status["changed"], status["drift"], status["pid"]) == (
+        False,
+        expected_drift,
+        first["pid"],
+    )
+
+    restarted = engine("--max-num-seqs", "2", **desired).result
+    assert (restarted["changed"], restarted["action"]) == (True, "restart")
+    assert restarted["drift"] == expected_drift and restarted["pid"] != first["pid"]
+    assert not is_alive(first["pid"]) and "--max-num-seqs" in restarted["command"]
+    assert restarted["env"]["PYTORCH_CUDA_ALLOC_CONF"] == "expandable_segments:True"
+
+
+def test_a_flag_and_an_unset_variable_are_drift_too(engine):
+    engine(env={"VLLM_LOGGING_LEVEL": "DEBUG"})
+    status = engine("--ignore-sigterm", state="status", env={"OTHER": "1"}).result
+
+    assert status["drift"] == [
+        "argument --ignore-sigterm: running absent, desired set",
+        "env OTHER: running unset, desired 1",
+        "env VLLM_LOGGING_LEVEL: running DEBUG, desired unset",
+    ]
+    assert status["env"]["OTHER"] is None and status["env"]["VLLM_LOGGING_LEVEL"] == "DEBUG"
+
+
+def test_stopped_ends_the_whole_process_group_once(engine):
+    started = engine().result
+    wait_for_log_line(engine.log_file, "worker")
+    assert len(group_members(started["pid"])) == 2
+
+    stopped = engine(state="stopped")
+    assert not stopped.failed and (stopped.result["changed"], stopped.result["action"]) == (
+        True,
+        "stop",
+    )
+    assert group_members(started["pid"]) == [] and not engine.pid_file.exists()
+    assert stopped.result["running"] is False and stopped.result["pid"] is None
+
+    again = engine(state="stopped").result
+    assert (again["changed"], again["action"]) == (False, "none")
+
+
+def test_an_engine_ignoring_sigterm_is_killed_after_the_grace_period(engine):
+    started = engine("--ignore-sigterm").result
+    wait_for_log_line(engine.log_file, "worker")
+    begun = time.monotonic()
+
+    stopped = engine(state="stopped", stop_timeout=1)
+
+    assert not stopped.failed and stopped.result["changed"]
+    assert 1 <= time.monotonic() - begun < 5 and group_members(started["pid"]) == []
+
+
+def test_a_pid_file_naming_a_foreign_process_is_stale_and_never_signalled(engine, foreign_process):
+    engine.pid_file.parent.mkdir(parents=True)
+    engine.pid_file.write_text("%d\n" % foreign_process.pid)
+
+    stopped = engine(state="stopped")
+    assert not stopped.failed and stopped.result["changed"] is False
+    assert (
+        "names process %d (sleep 60)" % foreign_process.pid
+        in stopped.result["warnings"][0]["event"]["msg"]
+    )
+    assert not engine.pid_file.exists() and foreign_process.poll() is None
+
+    engine.pid_file.write_text("%d\n" % foreign_process.pid)
+    started = engine().result
+    assert started["action"] == "start" and started["pid"] != foreign_process.pid
+    time.sleep(0.2)
+    assert foreign_process.poll() is None
+
+
+def test_the_launch_record_tells_a_reused_pid_from_the_engine(engine, foreign_process):
+    first = engine().result
+    engine(state="stopped")
+    # The engine ended and its pid file was left behind, now naming a process that is not it.
+    record = engine.pid_file.with_suffix(".json")
+    record.write_text('{"pid": %d, "start_ticks": 1, "command": []}' % foreign_process.pid)
+    engine.pid_file.write_text("%d\n" % foreign_process.pid)
+
+    status = engine(state="status").result
+
+    assert status["running"] is False and first["pid"] != foreign_process.pid
+    assert foreign_process.poll() is None and engine.pid_file.exists()
+
+
+def test_a_large_log_is_rotated_at_start(engine):
+    engine.log_file.parent.mkdir(parents=True)
+    engine.log_file.write_text("old run\n" * 100)
+    engine.log_file.with_name("vllm.log.1").write_text("older run\n")
+
+    assert not engine(log_max_bytes=500, log_backups=2).failed
+
+    assert engine.log_file.with_name("vllm.log.1").read_text() == "old run\n" * 100
+    assert engine.log_file.with_name("vllm.log.2").read_text() == "older run\n"
+    assert "old run" not in engine.log_file.read_text()
+
+
+def test_an_engine_that_exits_at_once_fails_with_the_log_tail(engine, tmp_path):
+    crash = [sys.executable, "-c", "import sys; print('CUDA out of memory'); sys.exit(3)"]
+
+    failed, result = engine(command=crash)
+
+    assert failed and result["rc"] == 3
+    assert "exited with status 3" in result["msg"] and "CUDA out of memory" in result["msg"]
+    assert result["log_tail"][-1] == "CUDA out of memory"
+    assert not engine.pid_file.exists()
+
+
+def test_check_mode_reports_and_starts_or_stops_nothing(engine):
+    would_start = engine(_ansible_check_mode=True, _ansible_diff=True).result
+    assert (would_start["changed"], would_start["action"], would_start["running"]) == (
+        True,
+        "start",
+        False,
+    )
+    assert would_start["diff"]["after"]["running"] is True and not engine.pid_file.exists()
+
+    running = engine("--max-num-seqs", "4").result
+    would_restart = engine("--max-num-seqs", "2", _ansible_check_mode=True).result
+    would_stop = engine(state="stopped", _ansible_check_mode=True).result
+
+    assert (would_restart["action"], would_restart["pid"]) == ("restart", running["pid"])
+    assert would_restart["drift"] == ["argument --max-num-seqs: running 4, desired 2"]
+    assert (would_stop["changed"], would_stop["action"]) == (True, "stop")
+    assert is_alive(running["pid"]) and engine.pid_file.exists()
+
+
+def test_an_env_file_line_that_is_not_key_value_fails_naming_it(engine, tmp_path):
+    env_file = tmp_path / "vllm.env"
+    env_file.write_text("LANG=C.UTF-8\nexpandable_segments:True\n")
+
+    failed, result = engine(env_file=str(env_file))
+
+    assert failed and "vllm.env line 2 is not KEY=VALUE" in result["msg"]
+    assert not engine.pid_file.exists()
+
+
+def test_restarted_replaces_the_engine_and_shows_the_change(engine):
+    first = engine().result
+
+    restarted = engine(state="restarted", env={"VLLM_LOGGING_LEVEL": "DEBUG"}, _ansible_diff=True)
+
+    assert not restarted.failed and restarted.result["action"] == "restart"
+    assert restarted.result["pid"] != first["pid"] and not is_alive(first["pid"])
+    before, after = restarted.result["diff"]["before"], restarted.result["diff"]["after"]
+    assert (
+        before["env"]["VLLM_LOGGING_LEVEL"] is None
+        and after["env"]["VLLM_LOGGING_LEVEL"] == "DEBUG"
+    )
+    assert before["running"] is after["running"] is True
+
+
+def test_an_env_file_yet_to_be_written_fails_outside_check_mode_only(engine, tmp_path):
+    missing = str(tmp_path / "vllm.env")
+
+    checked = engine(env_file=missing, _ansible_check_mode=True)
+    assert not checked.failed and checked.result["action"] == "start"
+    assert "does not exist yet" in checked.result["warnings"][0]["event"]["msg"]
+
+    failed, result = engine(env_file=missing)
+    assert failed and result["msg"] == "env_file %s does not exist" % missing
+    assert not engine(state="stopped", env_file=missing).failed
