@@ -48,20 +48,16 @@ options:
   log_file:
     description: The engine's log; on failure its last 40 lines are in the message and RV(log_tail).
     type: path
+extends_documentation_fragment:
+  - ansible.builtin.action_common_attributes
 attributes:
   check_mode:
-    description:
-      - Can run in check_mode and return changed status prediction without modifying target.
     support: full
     details:
       - Only reads, so it waits and checks in check mode too.
   diff_mode:
-    description:
-      - Will return details on what has changed (or possibly needs changing in check_mode),
-        when in diff mode.
     support: none
   platform:
-    description: Target OS/families that can be operated against.
     support: full
     platforms: posix
 seealso:

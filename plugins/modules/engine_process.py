@@ -93,22 +93,18 @@ options:
     description: How long a new engine must stay alive to count as started.
     type: float
     default: 2
+extends_documentation_fragment:
+  - ansible.builtin.action_common_attributes
 attributes:
   check_mode:
-    description:
-      - Can run in check_mode and return changed status prediction without modifying target.
     support: full
     details:
       - Reports what it would start, restart or stop; starts and stops nothing.
   diff_mode:
-    description:
-      - Will return details on what has changed (or possibly needs changing in check_mode),
-        when in diff mode.
     support: full
     details:
       - The engine's running state, command and environment before and after.
   platform:
-    description: Target OS/families that can be operated against.
     support: full
     platforms: linux
 notes:

@@ -32,19 +32,25 @@ options:
     default:
       - /usr/local/corex/bin/ixsmi
       - /usr/local/corex/bin64/ixsmi
+extends_documentation_fragment:
+  - ansible.builtin.action_common_attributes
+  - ansible.builtin.action_common_attributes.facts
 attributes:
   check_mode:
     support: full
-    description: Reads only, so check mode runs it unchanged.
+    details:
+      - Reads only, so check mode runs it unchanged.
   diff_mode:
     support: none
-    description: Changes nothing, so there is no diff.
+    details:
+      - Changes nothing, so there is no diff.
   facts:
     support: full
-    description: Returns C(gpu_facts) under C(ansible_facts).
   platform:
+    support: full
     platforms: posix
-    description: Needs the CoreX C(ixsmi) tool on the host.
+    details:
+      - Needs the CoreX C(ixsmi) tool on the host.
 notes:
   - When C(ixsmi) cannot list compute processes, RV(gpu_facts.processes_supported) is false and
     every GPU counts as free.

@@ -61,22 +61,18 @@ options:
       - Paths the previous baseline held and no longer guarded are dropped.
     type: bool
     default: false
+extends_documentation_fragment:
+  - ansible.builtin.action_common_attributes
 attributes:
   check_mode:
-    description:
-      - Can run in check_mode and return changed status prediction without modifying target.
     support: full
     details:
       - Computes and compares every digest; never writes the baseline.
   diff_mode:
-    description:
-      - Will return details on what has changed (or possibly needs changing in check_mode),
-        when in diff mode.
     support: full
     details:
       - The baseline document before and after, when the run records digests.
   platform:
-    description: Target OS/families that can be operated against.
     support: N/A
     platforms: posix
 notes:

@@ -55,26 +55,22 @@ options:
     description: The collection's state store on the host.
     type: path
     default: /var/lib/biv100-serving
+extends_documentation_fragment:
+  - ansible.builtin.action_common_attributes
+  - ansible.builtin.action_common_attributes.flow
 attributes:
   action:
-    description: Indicates this has a corresponding action plugin so some parts of the options can be executed on the controller.
     support: full
   check_mode:
-    description:
-      - Can run in check_mode and return changed status prediction without modifying target.
     support: full
     details:
       - Writes nothing; a lock held by another run still fails, so that a check run detects a
         concurrent deployment.
   diff_mode:
-    description:
-      - Will return details on what has changed (or possibly needs changing in check_mode),
-        when in diff mode.
     support: full
     details:
       - The lock's content before and after.
   platform:
-    description: Target OS/families that can be operated against.
     support: N/A
     platforms: posix
 notes:

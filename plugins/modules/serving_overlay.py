@@ -58,14 +58,19 @@ options:
     description: More fields for the release record (the submission id, the controller's git revision).
     type: dict
     default: {}
+extends_documentation_fragment:
+  - ansible.builtin.action_common_attributes
 attributes:
   check_mode:
     support: full
-    description: Reports the files that would change, writes nothing.
+    details:
+      - Reports the files that would change, writes nothing.
   diff_mode:
     support: full
-    description: Shows each changed text file as a unified diff.
+    details:
+      - Shows each changed text file as a unified diff.
   platform:
+    support: full
     platforms: posix
 seealso:
   - module: biv100.serving.vllm_facts

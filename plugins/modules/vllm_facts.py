@@ -51,23 +51,19 @@ options:
         from that copy rather than from the installed file.
     type: path
     default: /var/lib/biv100-serving
+extends_documentation_fragment:
+  - ansible.builtin.action_common_attributes
+  - ansible.builtin.action_common_attributes.facts
 attributes:
   check_mode:
-    description:
-      - Can run in check_mode and return changed status prediction without modifying target.
     support: full
     details:
       - The module only reads files.
   diff_mode:
-    description:
-      - Will return details on what has changed (or possibly needs changing in check_mode),
-        when in diff mode.
     support: none
   facts:
-    description: Action returns an C(ansible_facts) dictionary that will update existing host facts.
     support: full
   platform:
-    description: Target OS/families that can be operated against.
     support: N/A
     platforms: posix
 notes:
