@@ -1,0 +1,37 @@
+"""The biv100 lab's simulated engine: a stand-in for vLLM 0.10.1.1's OpenAI API server.
+
+It is not vLLM and loads no model. It runs on a lab host's plain Python (3.8+, standard library
+only) and behaves, as far as the collection can observe, like
+
+    python -m vllm.entrypoints.openai.api_server <arguments>
+
+on a BI-V100 host: the same command line (rebuilt from 0.10.1.1's sources, flags-0.10.1.1.json),
+the same start-up failures (GPUs, PYTORCH_CUDA_ALLOC_CONF, model architecture, context length),
+the port bound early and served only after a load time, and the OpenAI routes with
+deterministic text in vLLM's response shapes. It reads the installed vllm package's serving
+files, so deploying or rolling back the team's fixes changes what probes observe. Nothing outside
+tests/ imports it.
+
+Launch it with the interpreter whose site-packages hold the host's vllm (where the real engine
+would run; otherwise set BIV100_STANDIN_VLLM_ROOT), tests/lab on PYTHONPATH:
+
+    PYTHONPATH=<checkout>/tests/lab /usr/local/corex/python3/bin/python3 -m engine_standin \\
+        /opt/models/qwen3_5 --served-model-name qwen3_5 --host 0.0.0.0 --port 8000 \\
+        --tensor-parallel-size 4 ...
+
+Environment:
+
+    BIV100_STANDIN_LOAD_SECONDS   seconds between binding the port and serving it (default 2)
+    BIV100_STANDIN_IXSMI          ixsmi to count GPUs with (default /usr/local/corex/bin/ixsmi)
+    BIV100_STANDIN_VLLM_ROOT      the installed vllm package folder (default: found on sys.path)
+    BIV100_STANDIN_NEVER_HEALTHY  1: bind the port and never finish loading
+    BIV100_STANDIN_CRASH_AFTER    N: exit with status 1 after answering N chat requests
+    BIV100_STANDIN_BREAK          answer one kind of request wrongly, one of:
+        n                      one choice fewer than `n` asks for
+        tools                  a tool call comes back as content text, no tool_calls
+        max_completion_tokens  400 for requests carrying max_completion_tokens (the old base)
+        tool_content_none      500 for an assistant message with content null and tool_calls
+        thinking_tools         a tool request with thinking on spends the budget thinking
+    CUDA_VISIBLE_DEVICES, PYTORCH_CUDA_ALLOC_CONF, VLLM_ALLOW_LONG_MAX_MODEL_LEN, VLLM_API_KEY
+                                  as vLLM and PyTorch read them
+"""

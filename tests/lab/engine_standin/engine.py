@@ -1,0 +1,134 @@
+"""Start-up of the simulated engine, in the order of vLLM 0.10.1.1's run_server.
+
+setup_server parses and validates the arguments and binds the port; building the engine then
+reads the model config (context length, architecture), starts the tensor-parallel workers (GPU
+count) and allocates on the GPU (PYTORCH_CUDA_ALLOC_CONF); only then does uvicorn listen.
+A failure after parsing is an uncaught exception in vLLM: its message and exit status 1.
+"""
+
+import logging
+import os
+import signal
+import sys
+import threading
+import time
+
+from . import chat, cli, startup
+from .server import UVICORN_PREFIX, EngineHTTPServer, EngineState
+
+logger = logging.getLogger("vllm.entrypoints.openai.api_server")
+BASE_VERSION = "0.10.1.1"
+# EngineArgs fields whose default vLLM resolves later; the stand-in needs their values.
+RESOLVED_DEFAULTS = {"port": 8000, "tensor_parallel_size": 1, "max_num_seqs": 256}
+DEFAULT_MODEL = "Qwen/Qwen3-0.6B"  # EngineArgs.model's default
+BREAK_KINDS = ("n", "tools", "max_completion_tokens", "tool_content_none", "thinking_tools")
+
+
+def configure_logging():
+    """vLLM's line format: `INFO 11-29 18:00:00 [file.py:123] message`."""
+    handler = logging.StreamHandler(sys.stdout)
+    handler.setFormatter(logging.Formatter(
+        "%(levelname)s %(asctime)s [%(filename)s:%(lineno)d] %(message)s", "%m-%d %H:%M:%S"))
+    root = logging.getLogger()
+    root.addHandler(handler)
+    root.setLevel(logging.INFO)
+
+
+class StandinOptions:
+    """The BIV100_STANDIN_* environment, read once."""
+
+    def __init__(self, environ):
+        self.load_seconds = float(environ.get("BIV100_STANDIN_LOAD_SECONDS", "2"))
+        self.never_healthy = environ.get("BIV100_STANDIN_NEVER_HEALTHY") == "1"
+        crash_after = environ.get("BIV100_STANDIN_CRASH_AFTER")
+        self.crash_after = int(crash_after) if crash_after else None
+        self.broken = environ.get("BIV100_STANDIN_BREAK") or None
+        if self.broken not in (None,) + BREAK_KINDS:
+            raise startup.StartupError(
+                f"BIV100_STANDIN_BREAK={self.broken} is none of {', '.join(BREAK_KINDS)}")
+
+
+def main(argv):
+    configure_logging()
+    try:
+        args = cli.parse_args(argv)  # argparse exits with status 2 on its own errors
+        _apply_resolved_defaults(args)
+        return run(args, os.environ)
+    except (cli.ServeArgsError, startup.StartupError) as error:
+        # vLLM ends with the exception's last traceback line on stderr.
+        print(error, file=sys.stderr)
+        return 1
+
+
+def _apply_resolved_defaults(args):
+    for name, value in RESOLVED_DEFAULTS.items():
+        if getattr(args, name) is None:
+            setattr(args, name, value)
+
+
+def run(args, environ):
+    options = StandinOptions(environ)
+    vllm_root = startup.installed_vllm_root(environ)
+    version = installed_version(vllm_root)
+    logger.info("vLLM API server version %s (biv100 lab simulated engine)", version)
+    logger.info("non-default args: %s", {name: value for name, value in vars(args).items()
+                                         if value not in (None, False)})
+    server = EngineHTTPServer((args.host or "", args.port))
+    state = build_engine(args, environ, options, vllm_root, version)
+    _exit_cleanly_on_sigterm(server)
+    load(options)
+    listen_address = f"http://{args.host or '0.0.0.0'}:{args.port}"
+    logger.info("Starting vLLM API server 0 on %s", listen_address)
+    print(f"{UVICORN_PREFIX}Started server process [{os.getpid()}]", flush=True)
+    print(f"{UVICORN_PREFIX}Waiting for application startup.", flush=True)
+    print(f"{UVICORN_PREFIX}Application startup complete.", flush=True)
+    server.serve(state)
+    return 0
+
+
+def build_engine(args, environ, options, vllm_root, version):
+    """Every check building the real engine makes, then the serving state."""
+    model_path = args.model_tag or args.model or DEFAULT_MODEL
+    model_config = startup.read_model_config(model_path)
+    max_model_len = startup.resolve_max_model_len(args.max_model_len, model_config, environ)
+    startup.check_architecture(model_config, vllm_root)
+    startup.check_engine_limits(args, model_config, max_model_len)
+    startup.check_tensor_parallel_size(args.tensor_parallel_size, environ)
+    startup.check_allocator_config(environ.get("PYTORCH_CUDA_ALLOC_CONF"))
+    fixes = startup.serving_fixes(vllm_root)
+    logger.info("serving layer in %s: %s", vllm_root, fixes)
+    config = chat.ServingConfig(
+        served_names=args.served_model_name or [model_path], max_model_len=max_model_len,
+        max_num_seqs=args.max_num_seqs, enable_auto_tools=bool(args.enable_auto_tool_choice),
+        tool_parser=args.tool_call_parser, reasoning_parser=args.reasoning_parser,
+        fixes=fixes, broken=options.broken)
+    api_keys = [key for key in (args.api_key or [environ.get("VLLM_API_KEY")]) if key]
+    return EngineState(config, model_path, version, api_keys, options.crash_after)
+
+
+def installed_version(vllm_root):
+    """The version in the package's dist-info, as vllm.__version__ would report it."""
+    for metadata in sorted(vllm_root.parent.glob("vllm-*.dist-info/METADATA")):
+        for line in metadata.read_text().splitlines():
+            if line.startswith("Version:"):
+                return line.split(":", 1)[1].strip()
+    return BASE_VERSION
+
+
+def load(options):
+    """The time the real engine spends loading weights, with the port bound and not served."""
+    logger.info("Loading model weights (simulated, %.1f s)", options.load_seconds)
+    if options.never_healthy:
+        logger.warning("BIV100_STANDIN_NEVER_HEALTHY=1: the engine never finishes loading")
+        threading.Event().wait()
+    time.sleep(options.load_seconds)
+    logger.info("Model loading took %.2f GiB and %.6f seconds", 0.0, options.load_seconds)
+
+
+def _exit_cleanly_on_sigterm(server):
+    def stop(signum, frame):
+        print(f"{UVICORN_PREFIX}Shutting down", flush=True)
+        server.server_close()
+        sys.exit(0)
+
+    signal.signal(signal.SIGTERM, stop)

@@ -1,0 +1,226 @@
+"""The HTTP side: vLLM 0.10.1.1's OpenAI routes on the standard library's threaded server."""
+
+import json
+import logging
+import os
+import sys
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+from . import chat
+
+logger = logging.getLogger("vllm.entrypoints.openai.api_server")
+# uvicorn writes its own lines without the vLLM prefix.
+UVICORN_PREFIX = "INFO:     "
+
+
+class EngineState:
+    """What every request handler shares: the engine's settings and its counters."""
+
+    def __init__(self, config, model_path, version, api_keys, crash_after):
+        self.config = config
+        self.model_path = model_path
+        self.version = version
+        self.api_keys = api_keys
+        self.crash_after = crash_after  # chat requests answered before the engine dies, or None
+        self.started = int(time.time())
+        self.lock = threading.Lock()
+        self.chat_requests = 0
+        self.running = 0
+        self.prompt_tokens = 0
+        self.generation_tokens = 0
+        self.finished = {}  # finish_reason -> count
+
+    def record(self, completion):
+        with self.lock:
+            self.prompt_tokens += completion.prompt_tokens
+            for choice in completion.choices:
+                self.generation_tokens += choice.completion_tokens
+                self.finished[choice.finish_reason] = (
+                    self.finished.get(choice.finish_reason, 0) + 1)
+
+
+def model_list(state):
+    """ModelList of 0.10.1.1's show_available_models."""
+    cards = [{"id": name, "object": "model", "created": state.started, "owned_by": "vllm",
+              "root": state.model_path, "parent": None,
+              "max_model_len": state.config.max_model_len,
+              "permission": [_permission(state.started)]}
+             for name in state.config.served_names]
+    return {"object": "list", "data": cards}
+
+
+def _permission(created):
+    return {"id": f"modelperm-{os.urandom(16).hex()}", "object": "model_permission",
+            "created": created, "allow_create_engine": False, "allow_sampling": True,
+            "allow_logprobs": True, "allow_search_indices": False, "allow_view": True,
+            "allow_fine_tuning": False, "organization": "*", "group": None,
+            "is_blocking": False}
+
+
+def metrics_text(state):
+    """A few of vLLM's V0 Prometheus series, labelled by the first served name."""
+    label = f'model_name="{state.config.served_names[0]}"'
+    with state.lock:
+        lines = [
+            "# HELP vllm:num_requests_running Number of requests currently running on GPU.",
+            "# TYPE vllm:num_requests_running gauge",
+            f"vllm:num_requests_running{{{label}}} {float(state.running)}",
+            "# HELP vllm:prompt_tokens_total Number of prefill tokens processed.",
+            "# TYPE vllm:prompt_tokens_total counter",
+            f"vllm:prompt_tokens_total{{{label}}} {float(state.prompt_tokens)}",
+            "# HELP vllm:generation_tokens_total Number of generation tokens processed.",
+            "# TYPE vllm:generation_tokens_total counter",
+            f"vllm:generation_tokens_total{{{label}}} {float(state.generation_tokens)}",
+            "# HELP vllm:request_success_total Count of successfully processed requests.",
+            "# TYPE vllm:request_success_total counter",
+        ]
+        lines += [f'vllm:request_success_total{{finished_reason="{reason}",{label}}} '
+                  f"{float(count)}" for reason, count in sorted(state.finished.items())]
+    return "\n".join(lines) + "\n"
+
+
+class Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+
+    def version_string(self):
+        return "uvicorn"
+
+    @property
+    def state(self):
+        return self.server.engine_state
+
+    def do_GET(self):
+        routes = {"/health": self._empty_ok, "/ping": self._empty_ok,
+                  "/version": lambda: self._json(200, {"version": self.state.version}),
+                  "/metrics": self._metrics,
+                  "/v1/models": lambda: self._json(200, model_list(self.state))}
+        self._dispatch(routes)
+
+    def do_POST(self):
+        self._dispatch({"/ping": self._empty_ok, "/v1/chat/completions": self._chat})
+
+    def _dispatch(self, routes):
+        path = self.path.split("?", 1)[0]
+        if path.startswith("/v1") and not self._authorized():
+            self._read_body()
+            self._json(401, {"error": "Unauthorized"})
+        elif path in routes:
+            routes[path]()
+        else:
+            self._read_body()
+            self._json(404, {"detail": "Not Found"})
+
+    def _authorized(self):
+        """AuthenticationMiddleware: /v1 routes need one of the keys as a bearer token."""
+        keys = self.state.api_keys
+        return not keys or self.headers.get("Authorization") in [f"Bearer {key}"
+                                                                 for key in keys]
+
+    def _empty_ok(self):
+        self._read_body()
+        self._send(200, b"", "application/json")
+
+    def _metrics(self):
+        self._send(200, metrics_text(self.state).encode(), "text/plain; version=0.0.4")
+
+    def _chat(self):
+        try:
+            body = json.loads(self._read_body() or b"null")
+        except ValueError as error:
+            self._json(400, chat.invalid_request(f"JSON decode error: {error}").body())
+            return
+        with self.state.lock:
+            self.state.running += 1
+        try:
+            self._answer_chat(body)
+        finally:
+            with self.state.lock:
+                self.state.running -= 1
+        self._count_chat_request()
+
+    def _answer_chat(self, body):
+        try:
+            completion = chat.complete(body, self.state.config)
+        except chat.ApiError as error:
+            self._json(error.status, error.body())
+            return
+        except Exception:
+            # What uvicorn does with an unhandled exception: log it, answer a bare 500.
+            logger.exception("Exception in ASGI application")
+            self._send(500, b"Internal Server Error", "text/plain; charset=utf-8")
+            return
+        self.state.record(completion)
+        if body.get("stream"):
+            self._stream(chat.stream_chunks(completion, body))
+        else:
+            self._json(200, chat.response_body(completion, body))
+
+    def _count_chat_request(self):
+        """BIV100_STANDIN_CRASH_AFTER: the engine dies once it has answered that many."""
+        with self.state.lock:
+            self.state.chat_requests += 1
+            crash = (self.state.crash_after is not None
+                     and self.state.chat_requests >= self.state.crash_after)
+        if crash:
+            logger.error("Engine process (simulated) died after %d chat requests "
+                         "(BIV100_STANDIN_CRASH_AFTER)", self.state.chat_requests)
+            logging.shutdown()
+            sys.stdout.flush()
+            os._exit(1)
+
+    def _read_body(self):
+        length = int(self.headers.get("Content-Length") or 0)
+        return self.rfile.read(length) if length else b""
+
+    def _json(self, status, payload):
+        self._send(status, json.dumps(payload).encode(), "application/json")
+
+    def _send(self, status, data, content_type):
+        self.send_response(status)
+        self.send_header("Content-Type", content_type)
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def _stream(self, chunks):
+        """Server-sent events in HTTP/1.1 chunked encoding, ending with [DONE]."""
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream; charset=utf-8")
+        self.send_header("Transfer-Encoding", "chunked")
+        self.end_headers()
+        for chunk in chunks:
+            self._write_chunk(f"data: {json.dumps(chunk)}\n\n".encode())
+        self._write_chunk(b"data: [DONE]\n\n")
+        self.wfile.write(b"0\r\n\r\n")
+
+    def _write_chunk(self, data):
+        self.wfile.write(b"%x\r\n%s\r\n" % (len(data), data))
+        self.wfile.flush()
+
+    def log_message(self, format, *args):
+        # uvicorn's access log line: client - "request line" status phrase
+        if len(args) == 3 and str(args[1]).isdigit():
+            status = int(args[1])
+            phrase = self.responses.get(status, ("",))[0]
+            sys.stdout.write(f'{UVICORN_PREFIX}{self.client_address[0]}:'
+                             f'{self.client_address[1]} - "{args[0]}" {status} {phrase}\n')
+            sys.stdout.flush()
+
+
+class EngineHTTPServer(ThreadingHTTPServer):
+    """Binds at construction, listens only when `serve` is called, as vLLM's API server."""
+
+    daemon_threads = True
+    allow_reuse_address = True
+
+    def __init__(self, address):
+        super().__init__(address, Handler, bind_and_activate=False)
+        self.engine_state = None
+        self.server_bind()
+
+    def serve(self, engine_state):
+        self.engine_state = engine_state
+        self.server_activate()
+        self.serve_forever()
