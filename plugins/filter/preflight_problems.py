@@ -26,6 +26,18 @@ def _gpu_problems(gpus: dict, tensor_parallel_size: int) -> list[str]:
             f"tensor_parallel_size is {tensor_parallel_size} but {gpus['ixsmi']} reports "
             f"{gpus['count']} GPU{'s' if gpus['count'] != 1 else ''}"
         ]
+    if len(gpus["free"]) < tensor_parallel_size:
+        # The collection's own engine is not in the way (it is restarted in place); anything
+        # else holding a GPU is someone else's work, which a deploy must not kill.
+        holders = [
+            f"GPU {process['gpu_index']} by pid {process['pid']} ({process['name']})"
+            for process in gpus["processes"]
+            if not process.get("own")
+        ]
+        return [
+            f"tensor_parallel_size is {tensor_parallel_size} but only {len(gpus['free'])} of "
+            f"{gpus['count']} GPUs are free; held: {', '.join(holders)}"
+        ]
     return []
 
 

@@ -32,6 +32,13 @@ options:
     default:
       - /usr/local/corex/bin/ixsmi
       - /usr/local/corex/bin64/ixsmi
+  own_pid_file:
+    description:
+      - The pid file of the collection's own engine (M(biv100.serving.engine_process)).
+      - The engine runs in a process group of its own; GPU processes in that group are the
+        engine's workers, marked C(own), and do not make their GPU busy, so a redeploy finds
+        the GPUs its running engine holds still available to it.
+    type: path
 extends_documentation_fragment:
   - ansible.builtin.action_common_attributes
   - ansible.builtin.action_common_attributes.facts
@@ -99,7 +106,7 @@ gpu_facts:
           utilization_pct: 0
           processes: []
     free:
-      description: Indexes of the GPUs no compute process holds.
+      description: Indexes of the GPUs no compute process holds, but the collection's own engine.
       type: list
       elements: int
       sample: [0, 1, 2, 3]
@@ -112,6 +119,7 @@ gpu_facts:
           pid: 4242
           name: python3
           used_memory_mib: 30512
+          own: false
     processes_supported:
       description: Whether C(ixsmi) answered the compute-process query.
       type: bool
@@ -122,6 +130,10 @@ import csv
 import os
 
 from ansible.module_utils.basic import AnsibleModule
+from ansible_collections.biv100.serving.plugins.module_utils._engine_process import (
+    is_alive,
+    process_stat,
+)
 
 GPU_FIELDS = ("index", "name", "uuid", "memory.total", "memory.used", "utilization.gpu")
 PROCESS_FIELDS = ("gpu_uuid", "pid", "process_name", "used_memory")
@@ -188,17 +200,36 @@ def gpu_from_row(row):
     }
 
 
-def attach_processes(gpus, process_rows):
+def own_engine_group(pid_file):
+    """The process group of the collection's running engine (its pid: a session of its own)."""
+    if not pid_file:
+        return None
+    try:
+        with open(pid_file) as stream:
+            pid = int(stream.read().strip())
+    except (OSError, ValueError):
+        return None
+    return pid if is_alive(pid) else None
+
+
+def in_group(pid, group):
+    stat = process_stat(pid) if group and pid else None
+    return stat is not None and stat["pgrp"] == group
+
+
+def attach_processes(gpus, process_rows, own_group=None):
     """Link each compute process to its GPU (ixsmi names the GPU by uuid); return them all."""
     by_uuid = dict((gpu["uuid"], gpu) for gpu in gpus)
     processes = []
     for row in process_rows:
         gpu = by_uuid.get(row["gpu_uuid"])
+        pid = to_int(row["pid"])
         process = {
             "gpu_index": gpu["index"] if gpu else None,
-            "pid": to_int(row["pid"]),
+            "pid": pid,
             "name": row["process_name"],
             "used_memory_mib": to_int(row["used_memory"]),
+            "own": in_group(pid, own_group),
         }
         processes.append(process)
         if gpu:
@@ -214,14 +245,14 @@ def gather(module):
     process_rows, _ = query(module, ixsmi, "--query-compute-apps", PROCESS_FIELDS)
     try:
         gpus = sorted((gpu_from_row(row) for row in gpu_rows), key=lambda gpu: gpu["index"])
-        processes = attach_processes(gpus, process_rows or [])
+        processes = attach_processes(gpus, process_rows or [], own_engine_group(module.params["own_pid_file"]))
     except ValueError as exc:
         module.fail_json(msg="cannot parse the output of %s: %s" % (ixsmi, exc), ixsmi=ixsmi)
     return {
         "ixsmi": ixsmi,
         "count": len(gpus),
         "gpus": gpus,
-        "free": [gpu["index"] for gpu in gpus if not gpu["processes"]],
+        "free": [gpu["index"] for gpu in gpus if all(process["own"] for process in gpu["processes"])],
         "processes": processes,
         "processes_supported": process_rows is not None,
     }
@@ -236,6 +267,7 @@ def main():
                 elements="path",
                 default=["/usr/local/corex/bin/ixsmi", "/usr/local/corex/bin64/ixsmi"],
             ),
+            own_pid_file=dict(type="path"),
         ),
         supports_check_mode=True,
     )

@@ -60,6 +60,32 @@ def host_state(lab) -> dict[str, str]:
     return files
 
 
+def engine_pids(lab) -> dict[str, int]:
+    return {host.name: int(host.path("/run/biv100-serving/vllm.pid").read_text()) for host in lab.hosts}
+
+
+def engine_process(host) -> tuple[list[str], dict[str, str]]:
+    """The running engine's command line and environment, as the kernel has them."""
+    pid = int(host.path("/run/biv100-serving/vllm.pid").read_text())
+    argv = Path(f"/proc/{pid}/cmdline").read_bytes().decode().split("\0")[:-1]
+    environ = dict(item.split("=", 1) for item in Path(f"/proc/{pid}/environ").read_bytes().decode().split("\0") if item)
+    return argv, environ
+
+
+def option_values(argv: list[str]) -> dict[str, str | None]:
+    """--option value pairs of a command line; flags without a value map to None."""
+    options, index = {}, 0
+    while index < len(argv):
+        word = argv[index]
+        if word.startswith("--"):
+            has_value = index + 1 < len(argv) and not argv[index + 1].startswith("--")
+            options[word] = argv[index + 1] if has_value else None
+            index += 2 if has_value else 1
+        else:
+            index += 1
+    return options
+
+
 def current_release(host) -> dict:
     link = host.path(f"{STATE}/current")
     return json.loads((link.parent / os.readlink(link) / "release.json").read_text())
@@ -90,6 +116,41 @@ def test_the_payload_lands_where_it_applies(lab, first_deploy):
             assert digest(host.path(f"{STATE}/base/{path}")) == built[path]
 
 
+SUB168 = {"--max-model-len": "256000", "--max-num-seqs": "2", "--gpu-memory-utilization": "0.95",
+          "--max-num-batched-tokens": "4096", "--enable-chunked-prefill": None, "--enforce-eager": None,
+          "--dtype": "half", "--tensor-parallel-size": "4"}
+
+
+def test_the_engine_runs_with_exactly_sub168_and_the_env_file(lab, first_deploy):
+    for host in lab.hosts:
+        argv, environ = engine_process(host)
+        options = option_values(argv)
+        assert {flag: options.get(flag, "absent") for flag in SUB168} == SUB168, host.name
+        model = "/opt/models/qwen3_moe" if host.variant == "upstream" else "/opt/models/qwen3_5"
+        assert options["--model"] == model
+        assert options["--served-model-name"] == Path(model).name
+        assert (options["--tool-call-parser"], options["--reasoning-parser"]) == ("qwen3_coder", "qwen3")
+        assert environ["PYTORCH_CUDA_ALLOC_CONF"] == "garbage_collection_threshold:0.8,max_split_size_mb:512"
+        assert environ["CUDA_VISIBLE_DEVICES"] == "0,1,2,3"
+        env_file = host.path("/etc/biv100-serving/engine.env").read_text()
+        assert "PYTORCH_CUDA_ALLOC_CONF=garbage_collection_threshold:0.8,max_split_size_mb:512" in env_file
+
+
+def test_the_platform_run_file_carries_the_same_variables(lab, first_deploy):
+    document = yaml.safe_load((REPO / "build" / "computility-run.yaml").read_text())
+    assert document["env"]["PYTORCH_CUDA_ALLOC_CONF"] == "garbage_collection_threshold:0.8,max_split_size_mb:512"
+    parameters = document["parameters"]
+    assert {key: parameters[key] for key in ("max_model_len", "max_num_seqs", "gpu_memory_utilization",
+                                             "max_num_batched_tokens", "enable_chunked_prefill",
+                                             "enforce_eager", "dtype", "tensor_parallel_size")} == {
+        "max_model_len": 256000, "max_num_seqs": 2, "gpu_memory_utilization": 0.95,
+        "max_num_batched_tokens": 4096, "enable_chunked_prefill": True, "enforce_eager": True,
+        "dtype": "half", "tensor_parallel_size": 4}
+    argv, _ = engine_process(lab.hosts[0])
+    # The platform starts vLLM with the very arguments the fleet's engine got.
+    assert document["command"][3:] == argv[3:]
+
+
 def test_the_patched_registry_serves_qwen3_5_where_it_did_not(lab, first_deploy, tmp_path):
     host = host_of(lab, "vendor-unregistered")
     registry = package_file(host, REGISTRY).read_text()
@@ -108,11 +169,12 @@ def test_no_protected_byte_changed_and_the_baseline_is_what_the_lab_built(lab, f
             assert digest(package_file(host, path)) == sha
 
 
-def test_a_second_run_changes_nothing(lab, first_deploy, tmp_path):
-    before = host_state(lab)
+def test_a_second_run_changes_nothing_and_restarts_nothing(lab, first_deploy, tmp_path):
+    before, pids = host_state(lab), engine_pids(lab)
     again = run_playbook(DEPLOY, lab.inventory_path, tmp_path, extravars={"serving_release": "sub510"})
     assert again.rc == 0 and not again.hosts_with("changed"), again.stats
     assert host_state(lab) == before
+    assert engine_pids(lab) == pids
 
 
 def test_a_run_without_a_submission_id_makes_no_release_when_nothing_differs(lab, first_deploy, tmp_path):
@@ -133,6 +195,65 @@ def test_check_mode_of_a_new_payload_reports_and_writes_nothing(lab, first_deplo
         (staged,) = checked.results(host.name, "Stage the serving-layer payload")
         assert staged["changed_files"] == ["reasoning/mine_parser.py"]
     assert host_state(lab) == before
+
+
+# --- the engine's variables -----------------------------------------------------------------
+
+
+def sub168(**changes) -> dict:
+    return {"max_model_len": 256000, "max_num_seqs": 2, "gpu_memory_utilization": 0.95,
+            "max_num_batched_tokens": 4096, "enable_chunked_prefill": True, "enforce_eager": True,
+            "dtype": "half", "tensor_parallel_size": 4, **changes}
+
+
+def test_changing_one_argument_restarts_only_the_engine(lab, first_deploy, tmp_path):
+    pids = engine_pids(lab)
+    changed = run_playbook(DEPLOY, lab.inventory_path, tmp_path / "one",
+                           extravars={"serving_release": "sub510", "engine_args": sub168(max_num_seqs=1)})
+    assert changed.rc == 0, changed.stats
+    for host in lab.hosts:
+        (staged,) = changed.results(host.name, "Stage the serving-layer payload")
+        assert staged["changed_files"] == []  # no payload travelled
+        (engine,) = changed.results(host.name, "Run the engine, restarting it when the payload changed")
+        assert engine["action"] == "restart"
+        assert "argument --max-num-seqs: running 2, desired 1" in engine["drift"]
+        assert option_values(engine_process(host)[0])["--max-num-seqs"] == "1"
+    assert all(engine_pids(lab)[name] != pid for name, pid in pids.items())
+    back = run_playbook(DEPLOY, lab.inventory_path, tmp_path / "back", extravars={"serving_release": "sub510"})
+    assert back.rc == 0 and option_values(engine_process(lab.hosts[0])[0])["--max-num-seqs"] == "2"
+
+
+@pytest.mark.parametrize("extravars, message", [
+    ({"engine_args": sub168(gpu_memory_utilization=1.2)}, "engine_args.gpu_memory_utilization is 1.2: it must be in (0, 1]"),
+    ({"engine_args": sub168(dtype="fp16")}, "engine_args.dtype is 'fp16': vLLM accepts auto, half"),
+    ({"engine_args": sub168(tensor_parallel_size=8)}, "engine_args.tensor_parallel_size is 8 but the host has 4 free GPUs"),
+    ({"engine_args": sub168(enable_chunked_prefill=False)}, "engine_args.max_num_batched_tokens is 4096, smaller than engine_args.max_model_len 256000"),
+    ({"engine_args": sub168(max_model_len=300000)}, "engine_args.max_model_len is 300000, above the model's max_position_embeddings 262144"),
+    ({"engine_args": sub168(max_num_seq=2)}, "engine_args.max_num_seq is not an argument of vLLM 0.10.1.1's OpenAI server"),
+    ({"engine_allocator": {"expandable_segment": True}}, 'Unrecognized CachingAllocator option: expandable_segment'),
+], ids=["memory", "dtype", "tp", "batched", "context", "unknown", "allocator"])
+def test_an_invalid_engine_variable_fails_before_anything_changes(lab, first_deploy, tmp_path, extravars, message):
+    host = lab.hosts[0]  # the checks are the same on every host; one keeps the suite short
+    before, pids = host_state(lab), engine_pids(lab)
+    run = run_playbook(DEPLOY, lab.inventory_path, tmp_path, limit=host.name,
+                       extravars={"serving_release": "sub666", **extravars})
+    assert run.hosts_with("failures") == {host.name}
+    assert any(message in text for text in run.failure_messages(host.name)), run.failure_messages(host.name)
+    assert host_state(lab) == before and engine_pids(lab) == pids
+
+
+def test_an_engine_that_never_gets_healthy_fails_the_host_with_its_log_tail(lab, first_deploy, tmp_path):
+    host = lab.hosts[0]
+    never = {"PYTHONPATH": "/usr/local/corex/lab", "BIV100_STANDIN_NEVER_HEALTHY": "1"}
+    run = run_playbook(DEPLOY, lab.inventory_path, tmp_path / "never", limit=host.name, extravars={
+        "serving_release": "sub510", "engine_env": never, "engine_health_timeout": 3})
+    assert run.hosts_with("failures") == {host.name}
+    (message,) = [text for text in run.failure_messages(host.name) if "not healthy" in text]
+    assert "not healthy after 3 s" in message and "log tail" in message
+    assert "Starting vLLM API server" in message  # the engine's own words, from its log
+    healed = run_playbook(DEPLOY, lab.inventory_path, tmp_path / "healed", limit=host.name,
+                          extravars={"serving_release": "sub510"})
+    assert healed.rc == 0, healed.stats
 
 
 # --- hostile payloads -----------------------------------------------------------------------

@@ -40,6 +40,8 @@ PRIVATE_MOUNTS = (
 COREX_PREFIX = "/usr/local/corex"
 VENV = f"{COREX_PREFIX}/python3"
 INTERPRETER = f"{VENV}/bin/python3"
+# The simulated engine, run as `python -m engine_standin` with this folder's parent on PYTHONPATH.
+ENGINE_STANDIN_DIR = f"{COREX_PREFIX}/lab/engine_standin"
 # The venv's base interpreter lives outside every private mount, so each host can run it
 # (the machine's own /root/.pyenv is hidden by the hosts' private /root).
 SYSTEM_PYTHON = "/usr/bin/python3"
@@ -132,6 +134,7 @@ def build_host_tree(tree: Path, host: HostSpec, vllm_release: Path, authorized_k
     digests = _file_digests(package)
     _write_dist_info(package.parent, _with_version(pkg_info, version), version, digests)
     gpu_names = _write_ixsmi(tree, host)
+    _install_engine_standin(tree)
     models = _write_models(tree)
     _authorize(tree, authorized_key)
     return {
@@ -250,6 +253,12 @@ def _write_ixsmi(tree: Path, host: HostSpec) -> list[str]:
     config = {"gpus": gpus, "compute_processes": []}
     in_tree(tree, f"{COREX_PREFIX}/{ixsmi.CONFIG_NAME}").write_text(json.dumps(config, indent=2))
     return [gpu["name"] for gpu in gpus]
+
+
+def _install_engine_standin(tree: Path) -> None:
+    """Put the simulated engine where the lab inventory's engine_command runs it from."""
+    shutil.copytree(Path(__file__).parent / "engine_standin", in_tree(tree, ENGINE_STANDIN_DIR),
+                    ignore=shutil.ignore_patterns("__pycache__"))
 
 
 def _gpu(host: HostSpec, index: int) -> dict:

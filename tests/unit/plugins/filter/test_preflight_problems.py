@@ -17,6 +17,20 @@ def test_fewer_gpus_than_the_tensor_parallel_size_is_named_with_both_numbers():
     ]
 
 
+def test_gpus_held_by_someone_else_are_named_with_their_process():
+    busy = gpus(4)
+    busy["free"] = [0, 1]
+    busy["processes"] = [
+        {"gpu_index": 2, "pid": 4242, "name": "python3", "own": False},
+        {"gpu_index": 3, "pid": 77, "name": "train.py", "own": False},
+        {"gpu_index": 0, "pid": 9, "name": "vllm", "own": True},
+    ]
+    assert preflight_problems(vllm(), busy, tensor_parallel_size=4) == [
+        "tensor_parallel_size is 4 but only 2 of 4 GPUs are free; "
+        "held: GPU 2 by pid 4242 (python3), GPU 3 by pid 77 (train.py)"
+    ]
+
+
 def test_an_unusable_registry_names_its_file_and_the_error():
     facts = vllm()
     facts["registry"].update(error="registry.py line 42: invalid syntax", architectures={})

@@ -1,6 +1,7 @@
 """gpu_facts against fake ixsmi executables that print what nvidia-smi-like tools print."""
 
 import stat
+import subprocess
 import textwrap
 
 import pytest
@@ -59,7 +60,7 @@ def test_processes_are_attached_to_their_gpu_and_make_it_busy(tmp_path, run):
     facts = result["gpu_facts"]
     assert facts["free"] == [0, 2]
     assert facts["gpus"][1]["processes"] == [
-        {"gpu_index": 1, "pid": 4242, "name": "python3", "used_memory_mib": 30512}
+        {"gpu_index": 1, "pid": 4242, "name": "python3", "used_memory_mib": 30512, "own": False}
     ]
     assert [p["pid"] for p in facts["processes"]] == [4242, 77]
 
@@ -110,3 +111,28 @@ def test_garbled_output_fails_with_the_offending_value(tmp_path, run):
 def test_a_row_with_missing_fields_fails(tmp_path, run):
     failed, result = run({"ixsmi_path": fake_ixsmi(tmp_path, "0, Iluvatar BI-V100\n")})
     assert failed and "expected 6 fields" in result["msg"]
+
+
+def test_the_collections_own_engine_does_not_make_its_gpus_busy(tmp_path, run):
+    # A process in a session (and process group) of its own, as engine_process starts the engine.
+    engine = subprocess.Popen(["sleep", "60"], start_new_session=True)
+    try:
+        pid_file = tmp_path / "vllm.pid"
+        pid_file.write_text(f"{engine.pid}\n")
+        apps = f"{UUIDS[1]}, {engine.pid}, python3, 30512\n{UUIDS[3]}, 1, foreign, 1024\n"
+        ixsmi = fake_ixsmi(tmp_path, four_gpus(used=(0, 30512, 0, 1024)), apps)
+        failed, result = run({"ixsmi_path": ixsmi, "own_pid_file": str(pid_file)})
+    finally:
+        engine.kill()
+        engine.wait()
+    facts = result["gpu_facts"]
+    assert not failed and facts["free"] == [0, 1, 2]
+    assert [(p["pid"], p["own"]) for p in facts["processes"]] == [(engine.pid, True), (1, False)]
+
+
+def test_a_pid_file_of_an_ended_engine_claims_nothing(tmp_path, run):
+    pid_file = tmp_path / "vllm.pid"
+    pid_file.write_text("999999999\n")
+    ixsmi = fake_ixsmi(tmp_path, four_gpus(), f"{UUIDS[0]}, 999999999, python3, 1\n")
+    _, result = run({"ixsmi_path": ixsmi, "own_pid_file": str(pid_file)})
+    assert result["gpu_facts"]["free"] == [1, 2, 3]
