@@ -5,7 +5,8 @@
 The payload is the shipped one (less the registry patch, which only some hosts take) plus
 whole-file overlays of vLLM 0.10.1.1's tool parsers and reasoning parsers: about 40 files.
 The naive play (naive_copy.yml) stats and copies each file in its own task iteration; the
-collection runs all of deploy.yml (facts, preflight, payload check, lock, guard twice, stage).
+collection runs deploy.yml (facts, preflight, payload check, lock, guard twice, stage) without
+its engine phase (--skip-tags engine), which the naive play has no counterpart for.
 Each first run starts from freshly built hosts; the no-change run follows it. The lab is built
 in a folder of its own and taken down after; it refuses to start while another lab is up.
 """
@@ -70,10 +71,10 @@ def render(rendered: Path, dest: str, text: str) -> dict:
     return {"src": str(path), "dest": dest}
 
 
-def timed_playbook(playbook: str, inventory: Path, extravars: dict) -> float:
+def timed_playbook(playbook: str, inventory: Path, extravars: dict, options: list[str]) -> float:
     env = dict(os.environ, ANSIBLE_CONFIG=str(REPO / "ansible.cfg"),
                PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}")
-    command = ["ansible-playbook", playbook, "-i", str(inventory), "-e", json.dumps(extravars)]
+    command = ["ansible-playbook", playbook, "-i", str(inventory), "-e", json.dumps(extravars), *options]
     started = time.perf_counter()
     finished = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True)
     if finished.returncode:
@@ -81,14 +82,14 @@ def timed_playbook(playbook: str, inventory: Path, extravars: dict) -> float:
     return time.perf_counter() - started
 
 
-def measure(n_hosts: int, lab_dir: Path, plays: dict[str, tuple[str, dict]]) -> dict[str, tuple[float, float]]:
+def measure(n_hosts: int, lab_dir: Path, plays: dict[str, tuple[str, dict, list[str]]]) -> dict[str, tuple[float, float]]:
     """First and no-change run of each play, each first run on freshly built hosts."""
     times = {}
-    for name, (playbook, extravars) in plays.items():
+    for name, (playbook, extravars, options) in plays.items():
         built = lab_builder.up(n_hosts=n_hosts, lab_dir=lab_dir, rebuild=True)
         try:
-            first = timed_playbook(playbook, built.inventory_path, extravars)
-            again = timed_playbook(playbook, built.inventory_path, extravars)
+            first = timed_playbook(playbook, built.inventory_path, extravars, options)
+            again = timed_playbook(playbook, built.inventory_path, extravars, options)
         finally:
             lab_builder.down(lab_dir)
         times[name] = (first, again)
@@ -106,8 +107,10 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="biv100-bench-") as work:
         payload, naive_files = build_payload(Path(work), base)
         plays = {
-            "collection": ("deploy.yml", {"serving_release": "bench", "stage_payload_dir": str(payload)}),
-            "naive": ("benchmarks/naive_copy.yml", {"naive_files": naive_files, "naive_package_root": PACKAGE_ROOT}),
+            "collection": ("deploy.yml", {"serving_release": "bench", "stage_payload_dir": str(payload)},
+                           ["--skip-tags", "engine"]),
+            "naive": ("benchmarks/naive_copy.yml", {"naive_files": naive_files, "naive_package_root": PACKAGE_ROOT},
+                      []),
         }
         print(f"payload: {len(naive_files)} files")
         print(f"{'hosts':>5}  {'run':<9}  {'collection':>10}  {'naive':>8}  {'collection/naive':>16}")
