@@ -21,6 +21,8 @@ import yaml
 
 from playbook_runs import REPO, run_playbook
 
+from ansible_collections.biv100.serving.plugins.filter.engine_cli_args import SUB168 as SUB168_ARGS
+
 DEPLOY = "deploy.yml"
 STATE = "/var/lib/biv100-serving"
 REGISTRY = "model_executor/models/registry.py"
@@ -140,12 +142,7 @@ def test_the_platform_run_file_carries_the_same_variables(lab, first_deploy):
     document = yaml.safe_load((REPO / "build" / "computility-run.yaml").read_text())
     assert document["env"]["PYTORCH_CUDA_ALLOC_CONF"] == "garbage_collection_threshold:0.8,max_split_size_mb:512"
     parameters = document["parameters"]
-    assert {key: parameters[key] for key in ("max_model_len", "max_num_seqs", "gpu_memory_utilization",
-                                             "max_num_batched_tokens", "enable_chunked_prefill",
-                                             "enforce_eager", "dtype", "tensor_parallel_size")} == {
-        "max_model_len": 256000, "max_num_seqs": 2, "gpu_memory_utilization": 0.95,
-        "max_num_batched_tokens": 4096, "enable_chunked_prefill": True, "enforce_eager": True,
-        "dtype": "half", "tensor_parallel_size": 4}
+    assert {key: parameters[key] for key in SUB168_ARGS} == SUB168_ARGS
     argv, _ = engine_process(lab.hosts[0])
     # The platform starts vLLM with the very arguments the fleet's engine got.
     assert document["command"][3:] == argv[3:]
@@ -201,9 +198,7 @@ def test_check_mode_of_a_new_payload_reports_and_writes_nothing(lab, first_deplo
 
 
 def sub168(**changes) -> dict:
-    return {"max_model_len": 256000, "max_num_seqs": 2, "gpu_memory_utilization": 0.95,
-            "max_num_batched_tokens": 4096, "enable_chunked_prefill": True, "enforce_eager": True,
-            "dtype": "half", "tensor_parallel_size": 4, **changes}
+    return {**SUB168_ARGS, **changes}
 
 
 def test_changing_one_argument_restarts_only_the_engine(lab, first_deploy, tmp_path):
