@@ -8,24 +8,36 @@ from __future__ import annotations
 DOCUMENTATION = r"""
 ---
 module: engine_process
-short_description: Run the vLLM engine from a pid file on hosts without systemd or supervisord
+short_description: Run the vLLM engine under systemd, supervisord or the collection's pid-file launcher
 version_added: 0.1.0
 description:
-  - The collection's own launcher, for hosts where PID 1 is not systemd and supervisord is
-    absent. It starts the engine in a session of its own, appends its output to a log
+  - Runs the engine under the host's service manager - systemd where PID 1 is systemd,
+    supervisord where one answers C(supervisorctl) - or, on hosts with neither (as in many
+    containers), under the collection's own launcher. O(manager) can name one.
+  - Under systemd it writes the unit C(/etc/systemd/system/biv100-serving-<name>.service);
+    under supervisord the program file C(biv100-serving-<name>.conf) in
+    C(/etc/supervisor/conf.d) (C(.ini) in C(/etc/supervisord.d)), mode 0600 since supervisord
+    reads no env file and so carries the environment itself. A changed unit or program file
+    restarts the engine. Neither restarts a crashed engine; deploy and verify see it down.
+  - The launcher starts the engine in a session of its own, appends its output to a log
     rotated by size when it starts, stops it by process group with a grace period, and reads
     its state back from C(/proc).
-  - The engine's environment is exactly a minimal base (C(PATH), C(HOME), C(LANG=C.UTF-8)),
-    then the variables of O(env_file), then O(env); never the environment of the connection
-    that runs the module, so that the same task starts the same engine every time.
-  - The engine is the process the pid file names, when that process is the one this module
-    started (same pid and start time, recorded next to the pid file in C(<pid file stem>.json),
-    since a reused pid has another start time and an engine may rewrite its own argv), or,
-    lacking that record, when its command line equals O(command). A pid file naming anything
-    else is stale; it is removed and that process is never signalled.
+  - Whatever runs it, the engine's pid is kept in O(pid_file), with a record of its start time
+    and manager beside it in C(<pid file stem>.json), so that M(biv100.serving.gpu_facts) tells
+    the engine from foreign GPU holders. An engine the launcher started is stopped before a
+    service manager starts one.
+  - The engine's environment is a minimal base (C(PATH), C(HOME), C(LANG=C.UTF-8)), then the
+    variables of O(env_file), then O(env); never the environment of the connection that runs
+    the module, so that the same task starts the same engine every time.
+  - Under the launcher, the engine is the process the pid file names, when that process is the
+    one it started (same pid and start time, since a reused pid has another start time and an
+    engine may rewrite its own argv), or, lacking that record, when its command line equals
+    O(command). A pid file naming anything else is stale; it is removed and that process is
+    never signalled. Under a service manager, the engine is the service's main process.
   - Drift is every argument or environment variable in which the running engine differs from
     O(command) and the desired environment. Arguments are compared as option/value pairs, so
-    the same options in another order are no drift.
+    the same options in another order are no drift. Under a service manager, variables the
+    manager adds of its own are no drift.
 author:
   - biv100.serving maintainers (!UNKNOWN)
 options:
@@ -52,6 +64,8 @@ options:
         surrounding quotes removed, as systemd's C(EnvironmentFile=) reads it).
       - With O(state=status), environment variables are compared only when this or O(env) is
         given.
+      - Under systemd a variable may be set in this file or in O(env), not both, since systemd
+        lets the file win.
     type: path
   cwd:
     description: The engine's working directory.
@@ -66,6 +80,26 @@ options:
     type: str
     choices: [started, stopped, restarted, status]
     default: started
+  manager:
+    description:
+      - What runs the engine. V(auto) takes systemd when C(/run/systemd/system) exists,
+        else supervisord when C(supervisorctl pid) answers, else V(pidfile), the launcher.
+    type: str
+    choices: [auto, systemd, supervisord, pidfile]
+    default: auto
+  systemctl:
+    description: The C(systemctl) to use; found on C(PATH) when not given.
+    type: path
+  supervisorctl:
+    description:
+      - The C(supervisorctl) to use; found on C(PATH) when not given.
+      - It must reach the host's supervisord without arguments (its own configuration file).
+    type: path
+  supervisor_conf_dir:
+    description:
+      - The folder supervisord includes program files from. Defaults to the first that exists
+        of C(/etc/supervisor/conf.d) and C(/etc/supervisord.d).
+    type: path
   pid_file:
     description: The pid file. Defaults to C(/run/biv100-serving/<name>.pid).
     type: path
@@ -77,8 +111,8 @@ options:
   log_max_bytes:
     description:
       - At each start, a log larger than this is rotated (C(log) to C(log.1) and so on).
-      - A running engine's log is not rotated by this module; it is opened for appending, so
-        logrotate's C(copytruncate) can.
+      - A running engine's log is not rotated by this module; it is opened for appending (by
+        every manager), so logrotate's C(copytruncate) can.
     type: int
     default: 104857600
   log_backups:
@@ -90,7 +124,9 @@ options:
     type: int
     default: 30
   start_check_seconds:
-    description: How long a new engine must stay alive to count as started.
+    description:
+      - How long a new engine must stay alive to count as started (for supervisord, its
+        C(startsecs), at least 1).
     type: float
     default: 2
 extends_documentation_fragment:
@@ -108,8 +144,10 @@ attributes:
     support: full
     platforms: linux
 notes:
-  - The engine survives the module and the SSH session; it runs in a new session and holds
-    no descriptor of the module's.
+  - The engine survives the module and the SSH session; under the launcher it runs in a new
+    session and holds no descriptor of the module's.
+  - The systemd unit appends the engine's output with C(StandardOutput=append:), which needs
+    systemd 240 or newer.
   - A stale pid file is reported in a warning, and removed by every state but V(status);
     removing it alone is no change, since nothing was running.
 seealso:
@@ -149,6 +187,12 @@ EXAMPLES = r"""
 """
 
 RETURN = r"""
+manager:
+  description: What runs the engine.
+  returned: always
+  type: str
+  choices: [systemd, supervisord, pidfile]
+  sample: supervisord
 action:
   description: What the task did (or would do, in check mode).
   returned: always
@@ -182,7 +226,8 @@ env:
 drift:
   description:
     - How the engine running before the task differed from the desired command and environment,
-      one sentence each; with O(state=started), what made it restart.
+      one sentence each (and, under a service manager, that its unit or program file differs);
+      with O(state=started), what made it restart.
   returned: always
   type: list
   elements: str
@@ -214,103 +259,22 @@ log_tail:
 import os
 import pwd
 import re
-import signal
-import subprocess
-import time
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible_collections.biv100.serving.plugins.module_utils._engine_process import (
-    ENDED_STATES,
-    command_line,
-    environment,
-    group_members,
-    is_alive,
-    log_tail,
-    process_stat,
-    started_at,
-)
-from ansible_collections.biv100.serving.plugins.module_utils._state_store import (
-    atomic_write,
-    read_json,
-    write_json,
+from ansible_collections.biv100.serving.plugins.module_utils._engine_managers import (
+    MANAGERS,
+    EngineError,
+    PidFileManager,
+    choose_manager,
+    remove_pid_files,
 )
 
 # The whole inherited environment of the engine, before env_file and env.
 BASE_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
-# How often waits look at /proc again.
-POLL_SECONDS = 0.1
-
-# How long processes get to vanish after SIGKILL (longer means they are stuck in the kernel).
-KILL_WAIT_SECONDS = 10
-
 ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
-
-class Engine(object):
-    """A live process that the pid file names and that is verified to be the engine."""
-
-    def __init__(self, pid, stat):
-        self.pid = pid
-        self.stat = stat
-
-    def observed(self, desired_env):
-        actual = environment(self.pid) or {}
-        desired = desired_env or {}
-        keys = list(desired) + sorted(key for key in actual if key not in desired)
-        return {
-            "running": True,
-            "pid": self.pid,
-            "command": command_line(self.pid) or [],
-            "env": dict((key, actual.get(key)) for key in keys),
-            "started_at": started_at(self.stat["start_ticks"]),
-        }
-
-
 NOT_RUNNING = {"running": False, "pid": None, "command": [], "env": {}, "started_at": None}
-
-
-def launch_record_path(pid_file):
-    return os.path.splitext(pid_file)[0] + ".json"
-
-
-def read_pid_file(pid_file):
-    """The pid file's content, None when there is no pid file."""
-    try:
-        with open(pid_file) as stream:
-            return stream.read().strip()
-    except FileNotFoundError:
-        return None
-
-
-def find_engine(pid_file, desired_command):
-    """(Engine or None, why the pid file is stale or None).
-
-    The launch record's start time identifies the process this module started: a reused pid
-    has another start time, and the engine may rewrite its own argv (process titles), so the
-    command line is the test only for a pid file without its record.
-    """
-    content = read_pid_file(pid_file)
-    if content is None:
-        return None, None
-    if not content.isdigit():
-        return None, "%s holds no pid" % pid_file
-    pid = int(content)
-    stat = process_stat(pid)
-    if stat is None or stat["state"] in ENDED_STATES:
-        return None, "%s names process %d, which has ended" % (pid_file, pid)
-    record = read_json(launch_record_path(pid_file), default={})
-    if record.get("pid") == pid:
-        ours = record.get("start_ticks") == stat["start_ticks"]
-    else:
-        ours = desired_command is not None and command_line(pid) == desired_command
-    if not ours:
-        return None, "%s names process %d (%s), which is not this engine" % (
-            pid_file,
-            pid,
-            " ".join(command_line(pid) or []),
-        )
-    return Engine(pid, stat), None
 
 
 def read_env_file(path):
@@ -339,8 +303,22 @@ def base_environment():
     }
 
 
+class DesiredEnvironment(object):
+    """The engine's environment: `merged` is base, then env_file, then env; `inline` is base
+    and env alone (what a systemd unit carries beside its EnvironmentFile=); `overlap` names
+    the variables both env and env_file set."""
+
+    def __init__(self, base, from_file, extra):
+        self.merged = dict(base)
+        self.merged.update(from_file)
+        self.merged.update(extra)
+        self.inline = dict(base)
+        self.inline.update(extra)
+        self.overlap = sorted(set(extra) & set(from_file))
+
+
 def desired_environment(module):
-    """Base, then env_file, then env; None when the task does not concern the environment.
+    """The DesiredEnvironment, or None when the task does not concern the environment.
 
     Stopping needs no env_file, and a status given neither env nor env_file only reports.
     """
@@ -349,10 +327,10 @@ def desired_environment(module):
         params["state"] == "status" and not params["env"] and not params["env_file"]
     ):
         return None
-    variables = base_environment()
+    from_file = {}
     if params["env_file"]:
         try:
-            variables.update(read_env_file(params["env_file"]))
+            from_file = read_env_file(params["env_file"])
         except FileNotFoundError:
             if not module.check_mode:
                 module.fail_json(msg="env_file %s does not exist" % params["env_file"])
@@ -362,8 +340,8 @@ def desired_environment(module):
             )
         except (OSError, ValueError) as error:
             module.fail_json(msg="env_file: %s" % error)
-    variables.update((key, str(value)) for key, value in params["env"].items())
-    return variables
+    extra = dict((key, str(value)) for key, value in params["env"].items())
+    return DesiredEnvironment(base_environment(), from_file, extra)
 
 
 def split_arguments(argv):
@@ -437,8 +415,10 @@ def argument_drift(running, desired):
     return sentences
 
 
-def environment_drift(running, desired):
-    names = list(desired) + sorted(name for name in running if name not in desired)
+def environment_drift(running, desired, extra_is_drift):
+    names = list(desired)
+    if extra_is_drift:
+        names += sorted(name for name in running if name not in desired)
     return [
         "env %s: running %s, desired %s"
         % (name, shown(running.get(name)), shown(desired.get(name)))
@@ -447,12 +427,12 @@ def environment_drift(running, desired):
     ]
 
 
-def drift(observed, desired_command, desired_env):
+def drift(observed, desired_command, desired_env, extra_is_drift=True):
     sentences = []
     if desired_command is not None:
         sentences += argument_drift(observed["command"], desired_command)
     if desired_env is not None:
-        sentences += environment_drift(observed["env"], desired_env)
+        sentences += environment_drift(observed["env"], desired_env, extra_is_drift)
     return sentences
 
 
@@ -466,138 +446,6 @@ def planned_action(state, engine, drifted):
     if engine is None:
         return "start"
     return "restart" if drifted else "none"
-
-
-def remove_pid_files(pid_file):
-    for path in (pid_file, launch_record_path(pid_file)):
-        try:
-            os.unlink(path)
-        except FileNotFoundError:
-            pass
-
-
-def signal_engine(engine, signum):
-    """Signal the engine's whole process group when it leads one, as its own session does."""
-    try:
-        if engine.stat["pgrp"] == engine.pid:
-            os.killpg(engine.pid, signum)
-        else:
-            os.kill(engine.pid, signum)
-    except ProcessLookupError:
-        pass
-
-
-def remaining(engine):
-    if engine.stat["pgrp"] == engine.pid:
-        return group_members(engine.pid)
-    return [engine.pid] if is_alive(engine.pid) else []
-
-
-def wait_until_gone(engine, seconds):
-    deadline = time.monotonic() + seconds
-    while remaining(engine):
-        if time.monotonic() >= deadline:
-            return False
-        time.sleep(POLL_SECONDS)
-    return True
-
-
-def stop(module, engine):
-    """SIGTERM, the grace period, then SIGKILL; the pid file goes once nothing is left."""
-    signal_engine(engine, signal.SIGTERM)
-    if not wait_until_gone(engine, module.params["stop_timeout"]):
-        signal_engine(engine, signal.SIGKILL)
-        if not wait_until_gone(engine, KILL_WAIT_SECONDS):
-            module.fail_json(
-                msg="%s: processes %s of engine %d survived SIGKILL"
-                % (module.params["name"], ", ".join(map(str, remaining(engine))), engine.pid)
-            )
-    remove_pid_files(module.params["pid_file"])
-
-
-def rotate_log(path, max_bytes, backups):
-    """log.<backups-1> → log.<backups>, …, log → log.1, when the log exceeds max_bytes."""
-    try:
-        if os.path.getsize(path) <= max_bytes:
-            return
-    except FileNotFoundError:
-        return
-    if backups < 1:
-        os.unlink(path)
-        return
-    for number in range(backups - 1, 0, -1):
-        older = "%s.%d" % (path, number)
-        if os.path.exists(older):
-            os.replace(older, "%s.%d" % (path, number + 1))
-    os.replace(path, path + ".1")
-
-
-def fail_with_log(module, message, **extra):
-    tail = log_tail(module.params["log_file"])
-    module.fail_json(
-        msg="%s; log tail (%s):\n%s" % (message, module.params["log_file"], "\n".join(tail)),
-        log_tail=tail,
-        **extra,
-    )
-
-
-def launch(module, env):
-    """Popen the engine in a session of its own, with the log as its only output.
-
-    Ansible's connection waits until every holder of the module's stdout and stderr has
-    closed them, so the engine inherits none of the module's descriptors; its own session
-    keeps the end of the SSH session's from reaching it.
-    """
-    params = module.params
-    for path in (params["pid_file"], params["log_file"]):
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-    rotate_log(params["log_file"], params["log_max_bytes"], params["log_backups"])
-    with open(params["log_file"], "ab") as log:
-        # Marks where this start's output begins among the earlier starts' in the log.
-        header = "--- %s %s starts: %s\n" % (
-            time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-            params["name"],
-            " ".join(params["command"]),
-        )
-        log.write(header.encode("utf-8"))
-        log.flush()
-        try:
-            return subprocess.Popen(
-                params["command"],
-                cwd=params["cwd"],
-                env=env,
-                stdin=subprocess.DEVNULL,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-                close_fds=True,
-            )
-        except OSError as error:
-            module.fail_json(msg="%s could not be started: %s" % (params["name"], error))
-
-
-def start(module, env):
-    """Launch, record the pid, and make sure the engine outlives start_check_seconds."""
-    params = module.params
-    process = launch(module, env)
-    stat = process_stat(process.pid)
-    write_json(
-        launch_record_path(params["pid_file"]),
-        {"pid": process.pid, "start_ticks": stat["start_ticks"], "command": params["command"]},
-    )
-    atomic_write(params["pid_file"], ("%d\n" % process.pid).encode("ascii"))
-    deadline = time.monotonic() + params["start_check_seconds"]
-    while process.poll() is None and time.monotonic() < deadline:
-        time.sleep(POLL_SECONDS)
-    if process.returncode is not None:
-        remove_pid_files(params["pid_file"])
-        fail_with_log(
-            module,
-            "%s exited with status %d within %s s of its start"
-            % (params["name"], process.returncode, params["start_check_seconds"]),
-            rc=process.returncode,
-        )
-    return Engine(process.pid, stat)
 
 
 def diff_view(observed):
@@ -615,12 +463,46 @@ def desired_view(action, observed, command, env):
 PAST_TENSE = {"start": "started", "restart": "restarted", "stop": "stopped"}
 
 
-def message(name, action, check_mode, after):
+def message(name, manager, action, check_mode, after):
     if action != "none":
-        return "%s %s %s" % (name, "would be" if check_mode else "was", PAST_TENSE[action])
+        return "%s %s %s by %s" % (
+            name,
+            "would be" if check_mode else "was",
+            PAST_TENSE[action],
+            manager,
+        )
     if after["running"]:
-        return "%s runs as pid %d" % (name, after["pid"])
+        return "%s runs as pid %d under %s" % (name, after["pid"], manager)
     return "%s is not running" % name
+
+
+def engine_left_by_launcher(module, manager, command):
+    """The pid-file launcher's engine, when another manager now runs the engine: it holds the
+    GPUs and the port, so it must go before the managed one starts."""
+    if manager.name == PidFileManager.name:
+        return None
+    return PidFileManager(module.params, module.run_command).find_own(command)
+
+
+def apply(module, manager, action, engine, definition, desired_env):
+    """Stop, install the new definition, start: each step only when planned."""
+    params = module.params
+    command = params["command"]
+    after = engine.observed(desired_env) if engine else dict(NOT_RUNNING)
+    if action in ("start", "restart"):
+        leftover = engine_left_by_launcher(module, manager, command)
+        if leftover is not None:
+            PidFileManager(params, module.run_command).stop(leftover)
+    if action in ("stop", "restart"):
+        manager.stop(engine)
+        after = dict(NOT_RUNNING)
+    if definition is not None:
+        manager.install(definition)
+    if action in ("start", "restart"):
+        after = manager.start(command, desired_env).observed(desired_env)
+    elif engine is not None and action == "none":
+        manager.refresh_pid_file(engine, command)
+    return after
 
 
 def main():
@@ -634,12 +516,16 @@ def main():
             state=dict(
                 type="str", choices=["started", "stopped", "restarted", "status"], default="started"
             ),
+            manager=dict(type="str", choices=["auto"] + list(MANAGERS), default="auto"),
             pid_file=dict(type="path"),
             log_file=dict(type="path"),
             log_max_bytes=dict(type="int", default=104857600),
             log_backups=dict(type="int", default=3),
             stop_timeout=dict(type="int", default=30),
             start_check_seconds=dict(type="float", default=2),
+            systemctl=dict(type="path"),
+            supervisorctl=dict(type="path"),
+            supervisor_conf_dir=dict(type="path"),
         ),
         required_if=[("state", "started", ("command",)), ("state", "restarted", ("command",))],
         supports_check_mode=True,
@@ -651,10 +537,32 @@ def main():
     if command is not None and not command:
         module.fail_json(msg="command is empty")
 
-    desired_env = desired_environment(module)
-    engine, stale = find_engine(params["pid_file"], command)
+    environment = desired_environment(module)
+    desired_env = environment.merged if environment else None
+    try:
+        manager = choose_manager(params, module.run_command)
+        engine, stale = manager.find(command)
+    except EngineError as error:
+        module.fail_json(msg=str(error), **error.extra)
+    if environment and environment.overlap and manager.name == "systemd":
+        # systemd lets EnvironmentFile= win over Environment=, the reverse of env over env_file.
+        module.fail_json(
+            msg="env and env_file %s both set %s: under systemd set each variable in one of them"
+            % (params["env_file"], ", ".join(environment.overlap))
+        )
     before = engine.observed(desired_env) if engine else dict(NOT_RUNNING)
-    drifted = drift(before, command, desired_env) if engine else []
+    drifted = drift(before, command, desired_env, manager.owns_whole_environment) if engine else []
+
+    definition = None
+    if state in ("started", "restarted"):
+        try:
+            wanted = manager.definition(command, desired_env, environment.inline)
+        except EngineError as error:
+            module.fail_json(msg=str(error), **error.extra)
+        if wanted is not None and wanted != manager.installed_definition():
+            definition = wanted
+            if engine is not None:
+                drifted.append("%s differs from the desired one" % manager.definition_path)
     action = planned_action(state, engine, drifted)
 
     if stale:
@@ -666,24 +574,23 @@ def main():
         if removes:
             remove_pid_files(params["pid_file"])
     after = before
-    if action != "none" and not module.check_mode:
+    if not module.check_mode:
         try:
-            if action in ("stop", "restart"):
-                stop(module, engine)
-                after = dict(NOT_RUNNING)
-            if action in ("start", "restart"):
-                after = start(module, desired_env).observed(desired_env)
+            after = apply(module, manager, action, engine, definition, desired_env)
+        except EngineError as error:
+            module.fail_json(msg=str(error), **error.extra)
         except OSError as error:
             module.fail_json(msg="%s: %s" % (params["name"], error))
 
     result = dict(
-        changed=action != "none",
+        changed=action != "none" or definition is not None,
         action=action,
+        manager=manager.name,
         drift=drifted,
         log_file=params["log_file"],
         pid_file=params["pid_file"],
-        msg=message(params["name"], action, module.check_mode, after),
-        **after,
+        msg=message(params["name"], manager.name, action, module.check_mode, after),
+        **after
     )
     if module._diff:
         result["diff"] = {

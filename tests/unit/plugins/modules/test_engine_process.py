@@ -103,6 +103,7 @@ def engine(tmp_path, server_script, run_module):
     def run(*extra_arguments, **args):
         defaults = dict(
             name="vllm",
+            manager="pidfile",
             command=[sys.executable, str(server_script), "--port", str(port)]
             + list(extra_arguments),
             pid_file=str(tmp_path / "run" / "vllm.pid"),
