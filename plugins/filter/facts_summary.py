@@ -15,7 +15,17 @@ def facts_summary(vllm: dict, gpus: dict) -> list[str]:
         _files_line("serving", vllm["files"]["serving"]) + "; "
         + _files_line("protected", vllm["files"]["protected"]),
         _gpus_line(gpus),
-    ]
+    ] + _cli_lines(vllm.get("cli"))
+
+
+def _cli_lines(cli: dict | None) -> list[str]:
+    if not cli:
+        return []
+    if cli["arguments"] is None:
+        return [f"OpenAI-server CLI: unread ({cli['error']}); engine_args are checked against "
+                "vLLM 0.10.1.1's"]
+    return [f"OpenAI-server CLI: {len(cli['arguments'])} arguments, which engine_args are "
+            "checked against"]
 
 
 def _registry_line(registry: dict) -> str:

@@ -51,6 +51,19 @@ options:
         from that copy rather than from the installed file.
     type: path
     default: /var/lib/biv100-serving
+  read_cli:
+    description:
+      - Also ask the interpreter for the argument names of vLLM's OpenAI server, by building its
+        parser (C(make_arg_parser)) without parsing anything, so that engine arguments can be
+        checked against the host's own CLI rather than a release's list.
+      - This imports vLLM, and with it torch, which takes seconds; where the import fails (no
+        GPU stack, an older layout), RV(vllm_facts.cli.error) says why and nothing fails.
+    type: bool
+    default: false
+  cli_timeout:
+    description: Seconds the O(read_cli) import may take.
+    type: int
+    default: 180
 extends_documentation_fragment:
   - ansible.builtin.action_common_attributes
   - ansible.builtin.action_common_attributes.facts
@@ -294,6 +307,23 @@ vllm_facts:
           type: dict
           sample:
             Qwen3_5ForConditionalGeneration: model_executor/models/qwen3_5.py
+    cli:
+      description:
+        - The host's own OpenAI-server CLI, with O(read_cli); null without it.
+      returned: success
+      type: dict
+      contains:
+        arguments:
+          description: The argument names (C(max_num_seqs) for C(--max-num-seqs)); null when unread.
+          returned: success
+          type: list
+          elements: str
+          sample: [max_model_len, max_num_seqs, tensor_parallel_size]
+        error:
+          description: Why the CLI could not be read; null when it was.
+          returned: success
+          type: str
+          sample: "ModuleNotFoundError: No module named 'torch'"
 ansible_facts:
   description: The host facts set.
   returned: success
@@ -307,6 +337,7 @@ ansible_facts:
 
 import json
 import os
+import subprocess
 import sys
 
 from ansible.module_utils.basic import AnsibleModule
@@ -372,6 +403,51 @@ def probe_interpreter(module, interpreter):
         )
 
 
+# Builds the OpenAI server's parser as vLLM's entry point does, and prints its argument names.
+CLI_PROBE = r"""
+import json
+from vllm.entrypoints.openai.cli_args import make_arg_parser
+try:
+    from vllm.utils import FlexibleArgumentParser as Parser
+except ImportError:
+    try:
+        from vllm.utils.argparse_utils import FlexibleArgumentParser as Parser
+    except ImportError:
+        from argparse import ArgumentParser as Parser
+parser = make_arg_parser(Parser())
+print(json.dumps(sorted(set(action.dest for action in parser._actions if action.option_strings))))
+"""
+
+
+def read_cli(interpreter, package_root, timeout):
+    """{"arguments": [...], "error": None}, or {"arguments": None, "error": why}."""
+    # The package found is the one imported, also for an explicit package_root.
+    env = dict(os.environ, PYTHONPATH=os.path.dirname(package_root))
+    try:
+        done = subprocess.run(
+            [interpreter, "-c", CLI_PROBE],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            env=env,
+            cwd="/",
+            timeout=timeout,
+            universal_newlines=True,
+        )
+    except subprocess.TimeoutExpired:
+        return {"arguments": None, "error": "building the CLI took more than %d s" % timeout}
+    except OSError as error:
+        return {"arguments": None, "error": "cannot run %s: %s" % (interpreter, error.strerror)}
+    lines = done.stdout.strip().splitlines()
+    try:
+        arguments = json.loads(lines[-1])
+        if done.returncode == 0 and isinstance(arguments, list):
+            return {"arguments": arguments, "error": None}
+    except (IndexError, ValueError):
+        pass
+    errors = done.stderr.strip().splitlines()
+    return {"arguments": None, "error": errors[-1] if errors else "rc %d" % done.returncode}
+
+
 def locate_package(module, interpreter, probe):
     """The absolute vllm package directory: package_root when given, else the probe's."""
     explicit = module.params["package_root"]
@@ -428,6 +504,8 @@ def main():
             package_root=dict(type="path"),
             model_path=dict(type="path"),
             state_dir=dict(type="path", default="/var/lib/biv100-serving"),
+            read_cli=dict(type="bool", default=False),
+            cli_timeout=dict(type="int", default=180),
         ),
         supports_check_mode=True,
     )
@@ -442,6 +520,11 @@ def main():
                               module.params["state_dir"])
     except OSError as error:
         module.fail_json(msg="cannot read %s: %s" % (error.filename, error.strerror))
+    facts["cli"] = (
+        read_cli(interpreter, package_root, module.params["cli_timeout"])
+        if module.params["read_cli"]
+        else None
+    )
     module.exit_json(changed=False, vllm_facts=facts, ansible_facts={"vllm_facts": facts})
 
 

@@ -209,7 +209,7 @@ def test_changing_one_argument_restarts_only_the_engine(lab, first_deploy, tmp_p
     for host in lab.hosts:
         (staged,) = changed.results(host.name, "Stage the serving-layer payload")
         assert staged["changed_files"] == []  # no payload travelled
-        (engine,) = changed.results(host.name, "Run the engine, restarting it when the payload changed")
+        (engine,) = changed.results(host.name, "Run the engine, restarting it on a new release or drift")
         assert engine["action"] == "restart"
         assert "argument --max-num-seqs: running 2, desired 1" in engine["drift"]
         assert option_values(engine_process(host)[0])["--max-num-seqs"] == "1"

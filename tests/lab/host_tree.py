@@ -35,6 +35,7 @@ PRIVATE_MOUNTS = (
     "/var/lib/biv100-serving",
     "/etc/biv100-serving",
     "/var/log/biv100-serving",
+    "/etc/supervisor",  # empty but on the hosts that run supervisord
 )
 
 COREX_PREFIX = "/usr/local/corex"
@@ -42,6 +43,11 @@ VENV = f"{COREX_PREFIX}/python3"
 INTERPRETER = f"{VENV}/bin/python3"
 # The simulated engine, run as `python -m engine_standin` with this folder's parent on PYTHONPATH.
 ENGINE_STANDIN_DIR = f"{COREX_PREFIX}/lab/engine_standin"
+# Some hosts run a real supervisord (the controller's pinned supervisor package, copied into
+# the host's venv), as base images built for containers often do.
+SUPERVISORD_CONF = "/etc/supervisor/supervisord.conf"
+SUPERVISORCTL = f"{COREX_PREFIX}/lab/bin/supervisorctl"
+SUPERVISORD_COMMAND = f"{INTERPRETER} -m supervisor.supervisord -c {SUPERVISORD_CONF}"
 # The venv's base interpreter lives outside every private mount, so each host can run it
 # (the machine's own /root/.pyenv is hidden by the hosts' private /root).
 SYSTEM_PYTHON = "/usr/bin/python3"
@@ -115,6 +121,7 @@ class HostSpec:
     name: str
     variant: str
     gpu_count: int
+    supervisord: bool = False
 
 
 def in_tree(tree: Path, host_path: str) -> Path:
@@ -135,6 +142,8 @@ def build_host_tree(tree: Path, host: HostSpec, vllm_release: Path, authorized_k
     _write_dist_info(package.parent, _with_version(pkg_info, version), version, digests)
     gpu_names = _write_ixsmi(tree, host)
     _install_engine_standin(tree)
+    if host.supervisord:
+        _install_supervisord(tree, in_tree(tree, site_packages))
     models = _write_models(tree)
     _authorize(tree, authorized_key)
     return {
@@ -144,6 +153,7 @@ def build_host_tree(tree: Path, host: HostSpec, vllm_release: Path, authorized_k
         "gpu_names": gpu_names,
         "models": models,
         "registers_qwen3_5": host.variant == VENDOR,
+        "supervisorctl": SUPERVISORCTL if host.supervisord else None,
         "package_sha256": {path: digest.hex() for path, (digest, _) in digests.items()},
     }
 
@@ -259,6 +269,37 @@ def _install_engine_standin(tree: Path) -> None:
     """Put the simulated engine where the lab inventory's engine_command runs it from."""
     shutil.copytree(Path(__file__).parent / "engine_standin", in_tree(tree, ENGINE_STANDIN_DIR),
                     ignore=shutil.ignore_patterns("__pycache__"))
+
+
+def _install_supervisord(tree: Path, site_packages: Path) -> None:
+    """supervisor in the host's venv, its configuration in the host's /etc/supervisor (socket in
+    its private /run, pid file and log beside the tree, outside the host's mounts), and a
+    supervisorctl that finds that configuration on its own."""
+    import supervisor  # the controller's pinned copy; pure Python
+
+    shutil.copytree(Path(supervisor.__file__).parent, site_packages / "supervisor",
+                    ignore=shutil.ignore_patterns("__pycache__", "tests"))
+    etc = in_tree(tree, "/etc/supervisor")
+    (etc / "conf.d").mkdir()
+    in_tree(tree, SUPERVISORD_CONF).write_text(
+        "; The lab host's supervisord (tests/lab/host_tree.py).\n"
+        "[unix_http_server]\n"
+        "file=/run/supervisor.sock\n"
+        "chmod=0700\n"
+        "[supervisord]\n"
+        f"pidfile={tree.parent}/supervisord.pid\n"
+        f"logfile={tree.parent}/supervisord.log\n"
+        "[rpcinterface:supervisor]\n"
+        "supervisor.rpcinterface_factory = supervisor.rpcinterface:make_main_rpcinterface\n"
+        "[supervisorctl]\n"
+        "serverurl=unix:///run/supervisor.sock\n"
+        "[include]\n"
+        "files = /etc/supervisor/conf.d/*.conf\n"
+    )
+    control = in_tree(tree, SUPERVISORCTL)
+    control.parent.mkdir(parents=True)
+    control.write_text(f"#!{INTERPRETER}\nfrom supervisor.supervisorctl import main\nmain()\n")
+    control.chmod(0o755)
 
 
 def _gpu(host: HostSpec, index: int) -> dict:

@@ -49,6 +49,7 @@ INVENTORY_PATH = REPO_ROOT / "inventory" / "lab" / "hosts.yml"
 DEFAULT_HOSTS = 4
 MAX_HOSTS = 16
 DEFAULT_GPUS = 4
+SUPERVISORD_EVERY = 4
 MAX_GPUS = 16
 BRIDGE = "biv100-lab"
 SUBNET = "10.77.0.0/24"
@@ -89,6 +90,12 @@ def host_ip(index: int) -> str:
 
 def variant_of(index: int) -> str:
     return host_tree.VARIANTS[(index - 1) % len(host_tree.VARIANTS)]
+
+
+def runs_supervisord(index: int) -> bool:
+    """Every fourth host runs supervisord, so a 4-host lab has one of each way to run the engine
+    that hosts without systemd have."""
+    return index % SUPERVISORD_EVERY == 0
 
 
 def _veth_name(index: int) -> str:
@@ -162,6 +169,7 @@ class LabHost:
     package_root: str  # host view of the vllm package folder
     models: dict[str, dict]  # model name -> {"path": host view, "architectures": [...]}
     registers_qwen3_5: bool
+    supervisorctl: str | None  # host view; None on hosts without supervisord
     package_sha256: dict[str, str]  # path relative to package_root -> sha256, as built
     tree: str  # the root-namespace folder that mirrors the host's private mounts
     sshd_pid: int
@@ -435,7 +443,8 @@ class _PhaseTimer:
 
 def _build(layout: LabDir, gpu_counts: list[int]) -> Lab:
     specs = [
-        host_tree.HostSpec(index, host_name(index), variant_of(index), gpu_count)
+        host_tree.HostSpec(index, host_name(index), variant_of(index), gpu_count,
+                           supervisord=runs_supervisord(index))
         for index, gpu_count in enumerate(gpu_counts, start=1)
     ]
     timer = _PhaseTimer()
@@ -611,6 +620,9 @@ def _launch_script(layout: LabDir, spec: host_tree.HostSpec) -> str:
         f"hostname {spec.name}",
         *binds,
         "mount -n -t tmpfs -o mode=755 tmpfs /run",
+        # supervisord daemonizes; it and what it runs are in the host's namespaces, which down
+        # empties.
+        *([host_tree.SUPERVISORD_COMMAND] if spec.supervisord else []),
         "mkdir -p /run/sshd",  # sshd's privilege separation folder
         f"exec /usr/sbin/sshd -f {layout.sshd_config(spec.index)} "
         f"-E {layout.sshd_log(spec.index)}",
@@ -659,18 +671,25 @@ def _write_known_hosts(layout: LabDir, specs: list[host_tree.HostSpec]) -> None:
 
 
 def _check_ssh(lab: Lab) -> None:
-    """Log in to every host the way tests and Ansible do; each must say its own name."""
-    def hostname_of(host: LabHost) -> str:
-        result = subprocess.run(lab.ssh_command(host, "hostname"), capture_output=True,
+    """Log in to every host the way tests and Ansible do; each must say its own name, and
+    where it runs supervisord, that daemon's pid."""
+    def answer_of(host: LabHost) -> str:
+        command = "hostname" + (f" && {host.supervisorctl} pid" if host.supervisorctl else "")
+        result = subprocess.run(lab.ssh_command(host, command), capture_output=True,
                                 text=True, timeout=30)
         return result.stdout.strip() or result.stderr.strip()
 
+    def healthy(host: LabHost, answer: str) -> bool:
+        lines = answer.splitlines()
+        return lines[:1] == [host.name] and (not host.supervisorctl or (
+            len(lines) == 2 and lines[1].isdigit()))
+
     with ThreadPoolExecutor(max_workers=len(lab.hosts)) as pool:
-        answers = list(pool.map(hostname_of, lab.hosts))
+        answers = list(pool.map(answer_of, lab.hosts))
     wrong = [f"{host.name}: {answer}" for host, answer in zip(lab.hosts, answers)
-             if answer != host.name]
+             if not healthy(host, answer)]
     if wrong:
-        raise LabError("ssh to the hosts failed: " + "; ".join(wrong))
+        raise LabError("the hosts do not answer as built: " + "; ".join(wrong))
 
 
 # --- inventory -------------------------------------------------------------------------------
@@ -698,7 +717,9 @@ def _write_inventory(lab: Lab) -> None:
         "  vars:\n",
         *(f"    {key}: {json.dumps(value)}\n" for key, value in group_vars.items()),
         "  hosts:\n",
-        *(f"    {host.name}:\n      ansible_host: {host.ip}\n" for host in lab.hosts),
+        *(f"    {host.name}:\n      ansible_host: {host.ip}\n"
+          + (f"      engine_supervisorctl: {host.supervisorctl}\n" if host.supervisorctl else "")
+          for host in lab.hosts),
         "  children:\n",
     ]
     for variant in host_tree.VARIANTS:

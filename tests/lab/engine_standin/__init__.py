@@ -32,6 +32,8 @@ Environment:
         max_completion_tokens  400 for requests carrying max_completion_tokens (the old base)
         tool_content_none      500 for an assistant message with content null and tool_calls
         thinking_tools         a tool request with thinking on spends the budget thinking
+        fragmentation          500 (CUDA out of memory) for a long prompt (over 1024 tokens)
+                               that arrives while another long prompt is being prefilled
     CUDA_VISIBLE_DEVICES, PYTORCH_CUDA_ALLOC_CONF, VLLM_ALLOW_LONG_MAX_MODEL_LEN, VLLM_API_KEY
                                   as vLLM and PyTorch read them
 """

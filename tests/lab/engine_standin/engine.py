@@ -21,7 +21,8 @@ BASE_VERSION = "0.10.1.1"
 # EngineArgs fields whose default vLLM resolves later; the stand-in needs their values.
 RESOLVED_DEFAULTS = {"port": 8000, "tensor_parallel_size": 1, "max_num_seqs": 256}
 DEFAULT_MODEL = "Qwen/Qwen3-0.6B"  # EngineArgs.model's default
-BREAK_KINDS = ("n", "tools", "max_completion_tokens", "tool_content_none", "thinking_tools")
+BREAK_KINDS = ("n", "tools", "max_completion_tokens", "tool_content_none", "thinking_tools",
+               "fragmentation")
 
 
 def configure_logging():

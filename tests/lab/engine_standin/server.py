@@ -1,5 +1,6 @@
 """The HTTP side: vLLM 0.10.1.1's OpenAI routes on the standard library's threaded server."""
 
+import contextlib
 import json
 import logging
 import os
@@ -11,6 +12,10 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from . import chat
 
 logger = logging.getLogger("vllm.entrypoints.openai.api_server")
+# BIV100_STANDIN_BREAK=fragmentation: what a long prompt is, and how long its prefill holds memory.
+FRAGMENTATION_PROMPT_TOKENS = 1024
+PREFILL_SECONDS = 0.5
+
 # uvicorn writes its own lines without the vLLM prefix.
 UVICORN_PREFIX = "INFO:     "
 
@@ -28,6 +33,7 @@ class EngineState:
         self.lock = threading.Lock()
         self.chat_requests = 0
         self.running = 0
+        self.long_prefills = 0  # long prompts being prefilled (BIV100_STANDIN_BREAK=fragmentation)
         self.prompt_tokens = 0
         self.generation_tokens = 0
         self.finished = {}  # finish_reason -> count
@@ -142,7 +148,8 @@ class Handler(BaseHTTPRequestHandler):
 
     def _answer_chat(self, body):
         try:
-            completion = chat.complete(body, self.state.config)
+            with self._fragmented_prefill(body):
+                completion = chat.complete(body, self.state.config)
         except chat.ApiError as error:
             self._json(error.status, error.body())
             return
@@ -156,6 +163,31 @@ class Handler(BaseHTTPRequestHandler):
             self._stream(chat.stream_chunks(completion, body))
         else:
             self._json(200, chat.response_body(completion, body))
+
+    @contextlib.contextmanager
+    def _fragmented_prefill(self, body):
+        """BIV100_STANDIN_BREAK=fragmentation: a long prompt takes PREFILL_SECONDS, and a second
+        one arriving meanwhile finds no contiguous block for its activations, as on a
+        fragmented cache without PYTORCH_CUDA_ALLOC_CONF's help."""
+        if (self.state.config.broken != "fragmentation" or not isinstance(body, dict)
+                or not isinstance(body.get("messages"), list)
+                or chat.prompt_token_count(body) <= FRAGMENTATION_PROMPT_TOKENS):
+            yield
+            return
+        with self.state.lock:
+            self.state.long_prefills += 1
+            crowded = self.state.long_prefills > 1
+        try:
+            if crowded:
+                logger.error("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate "
+                             "1.95 GiB (simulated: BIV100_STANDIN_BREAK=fragmentation)")
+                raise chat.ApiError(500, "CUDA out of memory. Tried to allocate 1.95 GiB",
+                                    "InternalServerError")
+            time.sleep(PREFILL_SECONDS)
+            yield
+        finally:
+            with self.state.lock:
+                self.state.long_prefills -= 1
 
     def _count_chat_request(self):
         """BIV100_STANDIN_CRASH_AFTER: the engine dies once it has answered that many."""

@@ -34,3 +34,15 @@ def test_without_a_model_path_the_model_line_says_so():
     facts = vllm()
     del facts["model"]
     assert facts_summary(facts, GPUS)[2] == "model: none given"
+
+
+def test_the_cli_line_says_what_engine_args_are_checked_against():
+    read = dict(vllm(), cli={"arguments": ["model", "max_num_seqs"], "error": None})
+    unread = dict(vllm(), cli={"arguments": None, "error": "No module named 'torch'"})
+
+    assert facts_summary(read, GPUS)[5] == (
+        "OpenAI-server CLI: 2 arguments, which engine_args are checked against")
+    assert facts_summary(unread, GPUS)[5] == (
+        "OpenAI-server CLI: unread (No module named 'torch'); engine_args are checked against "
+        "vLLM 0.10.1.1's")
+    assert len(facts_summary(dict(vllm(), cli=None), GPUS)) == 5

@@ -8,9 +8,13 @@ import platform
 import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
+from ansible_collections.biv100.serving.plugins.filter.engine_cli_args import (
+    VLLM_0_10_1_1_ARGUMENTS,
+)
 from ansible_collections.biv100.serving.plugins.modules import vllm_facts
 
 BASE_VERSION = "0.10.1.1"
@@ -203,3 +207,44 @@ def test_a_model_without_config_is_reported_not_failed(facts_of, vendor_like_roo
     assert not outcome.failed
     error = outcome.result["vllm_facts"]["model"]["error"]
     assert error.startswith("cannot read %s/config.json: " % model_path)
+
+
+# ---- the host's own CLI ---------------------------------------------------------------------
+
+STANDIN_DIR = Path(__file__).resolve().parents[3] / "lab"
+
+
+def test_without_read_cli_the_cli_is_not_read(facts_of, vendor_like_root):
+    assert facts_of(package_root=str(vendor_like_root)).result["vllm_facts"]["cli"] is None
+
+
+def test_where_vllm_cannot_be_imported_the_cli_error_says_why(facts_of, vendor_like_root):
+    # The release tree without torch: the import fails as it does on a host without the GPU stack.
+    failed, result = facts_of(package_root=str(vendor_like_root), read_cli=True)
+
+    assert not failed
+    cli = result["vllm_facts"]["cli"]
+    assert cli["arguments"] is None and "No module named" in cli["error"]
+
+
+def test_the_cli_is_read_from_the_parser_the_package_builds(facts_of, tmp_path):
+    """A vllm package whose make_arg_parser builds the lab stand-in's parser, which is made from
+    0.10.1.1's sources: the names read must be that release's argument list."""
+    package = tmp_path / "site" / "vllm"
+    openai = package / "entrypoints" / "openai"
+    openai.mkdir(parents=True)
+    for folder in (package, package / "entrypoints", openai):
+        (folder / "__init__.py").write_text("")
+    (package / "model_executor" / "models").mkdir(parents=True)
+    (openai / "cli_args.py").write_text(
+        f"import sys\nsys.path.insert(0, {str(STANDIN_DIR)!r})\n"
+        "from engine_standin import cli\n\n"
+        "def make_arg_parser(parser):\n"
+        "    return cli.build_parser(cli.load_flag_table())\n"
+    )
+
+    failed, result = facts_of(package_root=str(package), read_cli=True)
+
+    assert not failed, result.get("msg")
+    assert result["vllm_facts"]["cli"]["error"] is None
+    assert set(result["vllm_facts"]["cli"]["arguments"]) - {"help"} == set(VLLM_0_10_1_1_ARGUMENTS)

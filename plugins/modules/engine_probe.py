@@ -1,0 +1,376 @@
+#!/usr/bin/python
+# -*- coding: utf-8 -*-
+# Copyright: biv100.serving maintainers
+# Apache License 2.0 (see LICENSE)
+
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+---
+module: engine_probe
+short_description: Send the functional probes' requests to the engine from the host itself
+version_added: 0.1.0
+description:
+  - Sends each request of O(requests) to the engine at O(url), in order, from the host, so the
+    engine's port need not be reachable from the controller, and returns what came back
+    (status, JSON body, for streams the events assembled per choice and the final usage) with
+    the latency of each.
+  - It judges nothing; the action plugin of the same name loads the probe suites, sends their
+    requests through this module in one call, and evaluates each probe's assertions on the
+    controller.
+  - Requests are read-only for the engine, so they are also sent in check mode.
+author:
+  - biv100.serving maintainers (!UNKNOWN)
+options:
+  url:
+    description: The engine's base URL as the host reaches it.
+    type: str
+    required: true
+  api_key:
+    description: Sent as a bearer token with every request that does not set O(requests[].auth=false).
+    type: str
+  requests:
+    description: The requests, sent in this order.
+    type: list
+    elements: dict
+    required: true
+    suboptions:
+      name:
+        description: The probe's name, returned with its answer.
+        type: str
+        required: true
+      method:
+        description: The HTTP method.
+        type: str
+        default: GET
+      path:
+        description: The path under O(url).
+        type: str
+        required: true
+      body:
+        description:
+          - A JSON body. An object C({"$repeat": text, "times": N}) anywhere in it stands for the
+            text repeated N times, so long prompts are made on the host and never travel.
+        type: raw
+      raw_body:
+        description: A body sent as it is (for requests that are not valid JSON).
+        type: str
+      stream:
+        description: Read the answer as server-sent events.
+        type: bool
+        default: false
+      timeout:
+        description: Seconds the answer may take.
+        type: float
+        default: 60
+      concurrent:
+        description: How many copies of the request are sent at once; each answer is in RV(results[].responses).
+        type: int
+        default: 1
+      repeat:
+        description: How many times the request is sent one after the other; each answer is in RV(results[].responses).
+        type: int
+        default: 1
+      auth:
+        description: Send O(api_key).
+        type: bool
+        default: true
+  excerpt_bytes:
+    description: How much of a body that is not JSON is returned.
+    type: int
+    default: 2000
+extends_documentation_fragment:
+  - ansible.builtin.action_common_attributes
+attributes:
+  check_mode:
+    support: full
+    details:
+      - The requests read nothing but the engine's answers; they are sent in check mode too.
+  diff_mode:
+    support: none
+  platform:
+    support: full
+    platforms: posix
+seealso:
+  - module: biv100.serving.engine_health
+"""
+
+EXAMPLES = r"""
+- name: Ask the engine for its models and one short answer
+  biv100.serving.engine_probe:
+    url: http://127.0.0.1:8000
+    requests:
+      - name: models
+        path: /v1/models
+      - name: chat
+        method: POST
+        path: /v1/chat/completions
+        body: {model: qwen3_5, messages: [{role: user, content: Hi}], max_tokens: 8}
+  register: probed
+"""
+
+RETURN = r"""
+results:
+  description: One answer per request, in order.
+  returned: always
+  type: list
+  elements: dict
+  contains:
+    name:
+      description: The probe's name.
+      type: str
+    status:
+      description: The HTTP status; null when no answer came.
+      type: int
+    content_type:
+      description: The answer's Content-Type.
+      type: str
+    body:
+      description: The answer's JSON; null when it was not JSON (or a stream).
+      type: raw
+    text:
+      description: The start of an answer that was not JSON.
+      type: str
+    stream:
+      description:
+        - For streams, the events assembled: C(choices) (per index its C(content),
+          C(reasoning_content), C(tool_calls) with C(name) and C(arguments) joined, and
+          C(finish_reason)), C(usage) of the last event that had one, C(done) (the
+          C([DONE]) marker came), C(event_count), C(events) (the first 50, parsed), and the
+          C(error) event when the server sent one.
+      type: dict
+    latency_ms:
+      description: Milliseconds from sending to the whole answer.
+      type: float
+    error:
+      description: Why no answer came (refused, timed out); null when one came.
+      type: str
+    responses:
+      description:
+        - With O(requests[].concurrent) or O(requests[].repeat) above 1, every copy's answer
+          (each without this key); the other keys are the first copy's.
+      type: list
+      elements: dict
+"""
+
+import json
+import socket
+import threading
+import time
+from http.client import HTTPConnection, HTTPException
+from urllib.parse import urlsplit
+
+from ansible.module_utils.basic import AnsibleModule
+
+
+KEPT_EVENTS = 50
+
+
+def connection_for(url, timeout):
+    parts = urlsplit(url)
+    if parts.scheme != "http":
+        raise ValueError("url %s: only http:// is probed (the engine's local address)" % url)
+    return HTTPConnection(parts.hostname, parts.port or 80, timeout=timeout), parts.path.rstrip("/")
+
+
+def new_choice(index):
+    return {
+        "index": index,
+        "content": "",
+        "reasoning_content": "",
+        "tool_calls": [],
+        "finish_reason": None,
+        "role": None,
+    }
+
+
+def add_tool_call_delta(choice, delta):
+    index = delta.get("index", len(choice["tool_calls"]))
+    while len(choice["tool_calls"]) <= index:
+        choice["tool_calls"].append({"id": None, "name": "", "arguments": ""})
+    call = choice["tool_calls"][index]
+    function = delta.get("function") or {}
+    call["id"] = delta.get("id") or call["id"]
+    call["name"] += function.get("name") or ""
+    call["arguments"] += function.get("arguments") or ""
+
+
+def assemble(events):
+    """The choices, usage and error of a stream's parsed events."""
+    choices = {}
+    usage = None
+    error = None
+    for event in events:
+        if not isinstance(event, dict):
+            continue
+        if "error" in event:
+            error = event["error"]
+        if event.get("usage"):
+            usage = event["usage"]
+        for part in event.get("choices") or []:
+            choice = choices.setdefault(part.get("index", 0), new_choice(part.get("index", 0)))
+            delta = part.get("delta") or {}
+            choice["role"] = delta.get("role") or choice["role"]
+            choice["content"] += delta.get("content") or ""
+            choice["reasoning_content"] += delta.get("reasoning_content") or ""
+            for call in delta.get("tool_calls") or []:
+                add_tool_call_delta(choice, call)
+            choice["finish_reason"] = part.get("finish_reason") or choice["finish_reason"]
+    return [choices[index] for index in sorted(choices)], usage, error
+
+
+def read_stream(response):
+    """Parse `data:` lines until [DONE] or the end of the answer."""
+    events, done = [], False
+    for raw in response:
+        line = raw.decode("utf-8", "replace").strip()
+        if not line.startswith("data:"):
+            continue
+        data = line[len("data:"):].strip()
+        if data == "[DONE]":
+            done = True
+            break
+        try:
+            events.append(json.loads(data))
+        except ValueError:
+            events.append({"unparsed": data})
+    choices, usage, error = assemble(events)
+    return {
+        "choices": choices,
+        "usage": usage,
+        "error": error,
+        "done": done,
+        "event_count": len(events),
+        "events": events[:KEPT_EVENTS],
+    }
+
+
+def expand_repeats(value):
+    """The body with every {"$repeat": text, "times": N} replaced by the repeated text."""
+    if isinstance(value, dict):
+        if set(value) == {"$repeat", "times"}:
+            return str(value["$repeat"]) * int(value["times"])
+        return dict((key, expand_repeats(item)) for key, item in value.items())
+    if isinstance(value, list):
+        return [expand_repeats(item) for item in value]
+    return value
+
+
+def send(url, api_key, request, excerpt_bytes):
+    """One request and its answer as a result dict; never raises for the engine's failures."""
+    result = {
+        "name": request["name"],
+        "status": None,
+        "content_type": None,
+        "body": None,
+        "text": None,
+        "stream": None,
+        "latency_ms": None,
+        "error": None,
+    }
+    headers = {"Accept": "application/json"}
+    payload = None
+    if request.get("raw_body") is not None:
+        payload = request["raw_body"].encode("utf-8")
+    elif request.get("body") is not None:
+        payload = json.dumps(expand_repeats(request["body"])).encode("utf-8")
+    if payload is not None:
+        headers["Content-Type"] = "application/json"
+    if api_key and request.get("auth", True):
+        headers["Authorization"] = "Bearer %s" % api_key
+    started = time.monotonic()
+    try:
+        connection, prefix = connection_for(url, request.get("timeout") or 60)
+        try:
+            connection.request(
+                (request.get("method") or "GET").upper(), prefix + request["path"], payload, headers
+            )
+            response = connection.getresponse()
+            result["status"] = response.status
+            result["content_type"] = response.getheader("Content-Type")
+            if request.get("stream") and response.status == 200:
+                result["stream"] = read_stream(response)
+            else:
+                data = response.read()
+                try:
+                    result["body"] = json.loads(data.decode("utf-8")) if data else None
+                except ValueError:
+                    result["text"] = data[:excerpt_bytes].decode("utf-8", "replace")
+        finally:
+            connection.close()
+    except socket.timeout:
+        result["error"] = "timed out after %s s" % request.get("timeout")
+    except (OSError, HTTPException, ValueError) as error:
+        result["error"] = str(error) or type(error).__name__
+    result["latency_ms"] = round((time.monotonic() - started) * 1000, 1)
+    return result
+
+
+def send_copies(url, api_key, request, excerpt_bytes):
+    """The request sent once, `repeat` times in a row, or `concurrent` times at once."""
+    concurrent = request.get("concurrent") or 1
+    repeat = request.get("repeat") or 1
+    if concurrent <= 1 and repeat <= 1:
+        return send(url, api_key, request, excerpt_bytes)
+    if concurrent <= 1:
+        answers = [send(url, api_key, request, excerpt_bytes) for _ in range(repeat)]
+    else:
+        answers = [None] * concurrent
+        start = threading.Barrier(concurrent)
+
+        def one(slot):
+            start.wait()
+            answers[slot] = send(url, api_key, request, excerpt_bytes)
+
+        threads = [threading.Thread(target=one, args=(slot,)) for slot in range(concurrent)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+    result = dict(answers[0])
+    result["responses"] = answers
+    result["latency_ms"] = max(answer["latency_ms"] for answer in answers)
+    return result
+
+
+def main():
+    module = AnsibleModule(
+        argument_spec=dict(
+            url=dict(type="str", required=True),
+            api_key=dict(type="str", no_log=True),
+            requests=dict(
+                type="list",
+                elements="dict",
+                required=True,
+                options=dict(
+                    name=dict(type="str", required=True),
+                    method=dict(type="str", default="GET"),
+                    path=dict(type="str", required=True),
+                    body=dict(type="raw"),
+                    raw_body=dict(type="str"),
+                    stream=dict(type="bool", default=False),
+                    timeout=dict(type="float", default=60),
+                    concurrent=dict(type="int", default=1),
+                    repeat=dict(type="int", default=1),
+                    auth=dict(type="bool", default=True),
+                ),
+            ),
+            excerpt_bytes=dict(type="int", default=2000),
+        ),
+        supports_check_mode=True,
+    )
+    params = module.params
+    results = [
+        send_copies(params["url"], params["api_key"], request, params["excerpt_bytes"])
+        for request in params["requests"]
+    ]
+    answered = sum(1 for result in results if result["error"] is None)
+    module.exit_json(
+        changed=False,
+        results=results,
+        msg="%d of %d requests answered" % (answered, len(results)),
+    )
+
+
+if __name__ == "__main__":
+    main()

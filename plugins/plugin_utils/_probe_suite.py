@@ -1,0 +1,241 @@
+"""Functional probes as data: loading and checking suites, filling in the engine's values,
+and judging answers with jmespath. Controller side only.
+
+A suite file is a YAML list of probes:
+
+    - name: chat-basic                      # unique across the suites of a run
+      tags: [chat]
+      guards: a plain question gets one assistant answer    # the failure this probe catches
+      request:
+        method: POST                        # GET by default
+        path: /v1/chat/completions
+        body: {messages: [{role: user, content: Hi}], max_tokens: 16}   # or raw_body: "{"
+        stream: false                       # true: the answer is read as server-sent events
+        timeout: 60
+        concurrent: 1                       # copies sent at once (answers in `responses`)
+        repeat: 1                           # copies sent one after the other (likewise)
+        auth: true                          # send the API key
+      expect:                               # jmespath over the answer; each must be truthy
+        - status == `200`
+        - body.choices[0].message.content != ''
+
+A chat body without `model` asks for the served model. Strings of the request and the
+expectations may name the engine's values as `${name}`: in a request, a whole string `${name}`
+is the value with its type, and inside a string its text; in an expectation, the value as a
+jmespath literal (`max_model_len == ${max_model_len}`). In a body, `{$repeat: "word ", times: N}`
+stands for the text repeated N times (N a number or `${name}`), expanded on the host.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import jmespath
+import yaml
+from jmespath.exceptions import JMESPathError
+
+PROBE_KEYS = {"name", "tags", "guards", "request", "expect"}
+REQUEST_KEYS = {"method", "path", "body", "raw_body", "stream", "timeout", "concurrent", "repeat",
+                "auth"}
+CHAT_PATH = "/v1/chat/completions"
+VALUE = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
+EXCERPT_CHARS = 400
+
+
+class SuiteError(ValueError):
+    """A suite that cannot be run; the message names the file and the probe."""
+
+
+@dataclass
+class Probe:
+    name: str
+    source: str  # file the probe comes from
+    guards: str
+    request: dict
+    expect: list[str]
+    tags: list[str] = field(default_factory=list)
+
+
+def suite_files(paths: list[str]) -> list[Path]:
+    """The YAML files of the given files and folders (a folder's *.yml, sorted)."""
+    files = []
+    for path in map(Path, paths):
+        if path.is_dir():
+            files += sorted(path.glob("*.yml")) + sorted(path.glob("*.yaml"))
+        elif path.is_file():
+            files.append(path)
+        else:
+            raise SuiteError(f"probe suite {path} does not exist")
+    return files
+
+
+def load_suites(paths: list[str]) -> list[Probe]:
+    probes: list[Probe] = []
+    seen: dict[str, str] = {}
+    for path in suite_files(paths):
+        try:
+            document = yaml.safe_load(path.read_text(encoding="utf-8"))
+        except yaml.YAMLError as error:
+            raise SuiteError(f"probe suite {path} is not YAML: {error}") from None
+        if not isinstance(document, list):
+            raise SuiteError(f"probe suite {path} must be a list of probes")
+        for number, entry in enumerate(document, 1):
+            probe = _probe(entry, f"{path} probe {number}", str(path))
+            if probe.name in seen:
+                raise SuiteError(f"{path}: probe {probe.name} is also defined in {seen[probe.name]}")
+            seen[probe.name] = str(path)
+            probes.append(probe)
+    return probes
+
+
+def _probe(entry, where: str, source: str) -> Probe:
+    if not isinstance(entry, dict):
+        raise SuiteError(f"{where} is not a mapping")
+    where = f"{source} probe {entry.get('name', where.rsplit(' ', 1)[-1])}"
+    unknown = set(entry) - PROBE_KEYS
+    if unknown:
+        raise SuiteError(f"{where}: unknown keys {', '.join(sorted(unknown))}")
+    for key in ("name", "guards", "request", "expect"):
+        if not entry.get(key):
+            raise SuiteError(f"{where}: {key} is missing")
+    request, expect = entry["request"], entry["expect"]
+    if not isinstance(request, dict) or not isinstance(request.get("path"), str):
+        raise SuiteError(f"{where}: request must be a mapping with a path")
+    unknown = set(request) - REQUEST_KEYS
+    if unknown:
+        raise SuiteError(f"{where}: unknown request keys {', '.join(sorted(unknown))}")
+    if not isinstance(expect, list) or not all(isinstance(item, str) for item in expect):
+        raise SuiteError(f"{where}: expect must be a list of jmespath expressions")
+    for expression in expect:
+        _compile(VALUE.sub("`0`", expression), where)  # the values come later
+    return Probe(name=str(entry["name"]), source=source, guards=str(entry["guards"]),
+                 request=request, expect=expect, tags=list(entry.get("tags") or []))
+
+
+def _compile(expression: str, where: str) -> None:
+    try:
+        jmespath.compile(expression)
+    except JMESPathError as error:
+        raise SuiteError(f"{where}: expect {expression!r} is not jmespath: {error}") from None
+
+
+def jmespath_literal(value) -> str:
+    """A value as a jmespath JSON literal, so ${name} reads as that value in an expectation."""
+    return "`%s`" % json.dumps(value).replace("`", "\\`")
+
+
+def select(probes: list[Probe], tags: list[str], skip: list[str]) -> list[Probe]:
+    """The probes carrying one of tags (all when tags is empty), less those named in skip."""
+    unknown = set(skip) - {probe.name for probe in probes}
+    if unknown:
+        raise SuiteError(f"probe_skip names no probe: {', '.join(sorted(unknown))}")
+    return [probe for probe in probes
+            if (not tags or set(tags) & set(probe.tags)) and probe.name not in skip]
+
+
+def render(value, values: dict, where: str):
+    """The request with ${name} filled in from the engine's values."""
+    if isinstance(value, dict):
+        rendered = {key: render(item, values, where) for key, item in value.items()}
+        if "$repeat" in value and (set(value) != {"$repeat", "times"}
+                                   or not isinstance(rendered["times"], int)
+                                   or rendered["times"] < 0):
+            raise SuiteError(f"{where}: $repeat takes a text and a number of times")
+        return rendered
+    if isinstance(value, list):
+        return [render(item, values, where) for item in value]
+    if isinstance(value, str):
+        whole = VALUE.fullmatch(value)
+        if whole:
+            return _value(whole.group(1), values, where)
+        return VALUE.sub(lambda match: str(_value(match.group(1), values, where)), value)
+    return value
+
+
+def with_values(probe: Probe, values: dict) -> Probe:
+    """The probe with its request and expectations filled in from the engine's values."""
+    where = f"{probe.source} probe {probe.name}"
+    request = render(probe.request, values, where)
+    body = request.get("body")
+    if request["path"] == CHAT_PATH and isinstance(body, dict) and "model" not in body:
+        request["body"] = {"model": values["served_model_name"], **body}
+    expect = [VALUE.sub(lambda match: jmespath_literal(_value(match.group(1), values, where)),
+                        item) for item in probe.expect]
+    for expression in expect:
+        _compile(expression, where)
+    return Probe(probe.name, probe.source, probe.guards, request, expect, probe.tags)
+
+
+def _value(name: str, values: dict, where: str):
+    if name not in values:
+        raise SuiteError(f"{where}: ${{{name}}} is none of {', '.join(sorted(values))}")
+    return values[name]
+
+
+def module_request(probe: Probe) -> dict:
+    """What engine_probe sends for a probe filled in by with_values."""
+    return {"name": probe.name, **probe.request}
+
+
+def truthy(value) -> bool:
+    """jmespath's truth: false, null, and empty strings, lists and objects are false."""
+    return value not in (False, None, "", [], {})
+
+
+@dataclass
+class Verdict:
+    name: str
+    guards: str
+    passed: bool
+    latency_ms: float | None
+    failed_expectation: str | None = None
+    excerpt: str | None = None
+
+    def as_dict(self) -> dict:
+        return dict(self.__dict__)
+
+
+def judge(probe: Probe, answer: dict) -> Verdict:
+    """The first expectation the answer does not meet, with an excerpt of the answer."""
+    for expression in probe.expect:
+        try:
+            met = truthy(jmespath.search(expression, answer))
+        except JMESPathError as error:  # a type error on this answer's shape
+            met, expression = False, f"{expression} ({error})"
+        if not met:
+            return Verdict(probe.name, probe.guards, False, answer.get("latency_ms"),
+                           expression, excerpt(answer))
+    return Verdict(probe.name, probe.guards, True, answer.get("latency_ms"))
+
+
+def excerpt(answer: dict) -> str:
+    shown = {key: answer.get(key) for key in ("status", "error", "body", "text", "stream")
+             if answer.get(key) is not None}
+    if shown.get("stream"):
+        shown["stream"] = {key: value for key, value in shown["stream"].items() if key != "events"}
+    text = json.dumps(shown, ensure_ascii=False, default=str)
+    return text if len(text) <= EXCERPT_CHARS else text[:EXCERPT_CHARS] + "…"
+
+
+def table(verdicts: list[Verdict]) -> list[str]:
+    """One line per probe: mark, name, latency."""
+    width = max((len(verdict.name) for verdict in verdicts), default=0)
+    return [f"{'pass' if verdict.passed else 'FAIL'}  {verdict.name:<{width}}  "
+            f"{_ms(verdict.latency_ms)}" for verdict in verdicts]
+
+
+def _ms(latency):
+    return "-" if latency is None else f"{latency:.0f} ms"
+
+
+def write_results(path: str, document: dict) -> None:
+    """The run's JSON artifact, written whole or not at all."""
+    target = Path(path)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    staged = target.with_name(f".{target.name}.{os.getpid()}")
+    staged.write_text(json.dumps(document, indent=1, ensure_ascii=False, default=str))
+    os.replace(staged, target)
