@@ -10,7 +10,7 @@ export PATH := $(CURDIR)/$(BIN):$(PATH)
 LAB_HOSTS ?= 4
 DEBIAN_PACKAGES := openssh-server openssh-client iproute2 python3-venv
 
-.PHONY: deploy test setup debian-packages lab-up lab-down facts unit lint integration molecule lock bench
+.PHONY: deploy test setup debian-packages lab-up lab-down facts verify unit lint integration molecule lock bench
 
 ## Main job: build the lab (if it is not up) and deploy onto it, with its verification.
 deploy: setup lab-up
@@ -40,6 +40,9 @@ lab-down:
 
 facts: setup lab-up
 	$(BIN)/ansible-playbook playbooks/facts.yml -i inventory/lab
+
+verify: setup lab-up
+	$(BIN)/ansible-playbook verify.yml -i inventory/lab
 
 unit: setup
 	$(BIN)/pytest tests/unit -q

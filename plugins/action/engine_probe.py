@@ -20,6 +20,7 @@ from ansible_collections.biv100.serving.plugins.plugin_utils._probe_suite import
     module_request,
     select,
     table,
+    with_values,
     write_results,
 )
 
@@ -38,10 +39,11 @@ class ActionModule(ActionBase):
             return self._execute_module(MODULE, module_args=args, task_vars=task_vars)
         suite_args = {key: args.pop(key, None) for key in SUITE_OPTIONS}
         try:
-            probes = select(load_suites(list(suite_args["suites"])),
-                            list(suite_args["tags"] or []), list(suite_args["skip"] or []))
             values = dict(suite_args["values"] or {})
-            args["requests"] = [module_request(probe, values) for probe in probes]
+            probes = [with_values(probe, values) for probe in select(
+                load_suites(list(suite_args["suites"])),
+                list(suite_args["tags"] or []), list(suite_args["skip"] or []))]
+            args["requests"] = [module_request(probe) for probe in probes]
         except SuiteError as error:
             raise AnsibleActionFail(str(error)) from None
         if not probes:

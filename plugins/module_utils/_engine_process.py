@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import errno
 import os
+import re
 import time
 
 # How many log lines a failure message carries.
@@ -104,8 +105,16 @@ def group_members(pgid):
     return members
 
 
+# The line engine_process writes to the log before each start ("--- <time> <name> starts: ...").
+START_HEADER = re.compile(r"^--- \S+ \S+ starts: ")
+
+
 def log_tail(path, lines=LOG_TAIL_LINES):
-    """The last lines of a log file, [] when it does not exist."""
+    """The last lines of a log file from its last start on, [] when it does not exist.
+
+    An earlier run's output says nothing about why this start failed, so the tail begins at
+    the last start header when there is one among the lines read.
+    """
     try:
         with open(path, "rb") as stream:
             stream.seek(0, os.SEEK_END)
@@ -115,4 +124,6 @@ def log_tail(path, lines=LOG_TAIL_LINES):
         if error.errno == errno.ENOENT:
             return []
         raise
-    return data.decode("utf-8", "replace").splitlines()[-lines:]
+    text = data.decode("utf-8", "replace").splitlines()
+    starts = [index for index, line in enumerate(text) if START_HEADER.match(line)]
+    return text[starts[-1] if starts else 0:][-lines:]

@@ -49,8 +49,9 @@ options:
         required: true
       body:
         description:
-          - A JSON body. An object C({"$repeat": text, "times": N}) anywhere in it stands for the
-            text repeated N times, so long prompts are made on the host and never travel.
+          - A JSON body.
+          - 'An object C({"$repeat": text, "times": N}) anywhere in it stands for the text
+            repeated N times, so long prompts are made on the host and never travel.'
         type: raw
       raw_body:
         description: A body sent as it is (for requests that are not valid JSON).
@@ -133,11 +134,12 @@ results:
       type: str
     stream:
       description:
-        - For streams, the events assembled: C(choices) (per index its C(content),
-          C(reasoning_content), C(tool_calls) with C(name) and C(arguments) joined, and
-          C(finish_reason)), C(usage) of the last event that had one, C(done) (the
-          C([DONE]) marker came), C(event_count), C(events) (the first 50, parsed), and the
-          C(error) event when the server sent one.
+        - For streams, the events assembled.
+        - C(choices) holds per index its C(content), C(reasoning_content), C(tool_calls) with
+          C(name) and C(arguments) joined, and C(finish_reason).
+        - C(usage) is that of the last event that had one; C(done) says the C([DONE]) marker
+          came; C(event_count) counts the events and C(events) holds the first 50, parsed;
+          C(error) is the error event when the server sent one.
       type: dict
     latency_ms:
       description: Milliseconds from sending to the whole answer.

@@ -29,6 +29,8 @@ REGISTRY = "model_executor/models/registry.py"
 CHAT = "entrypoints/openai/serving_chat.py"
 PROTOCOL = "entrypoints/openai/protocol.py"
 PAYLOAD = REPO / "files" / "serving"
+PROBE_TASK = "Probe the engine with the functional suites"
+STANDIN_ENV = {"PYTHONPATH": "/usr/local/corex/lab", "BIV100_STANDIN_LOAD_SECONDS": "1"}
 
 pytestmark = pytest.mark.lab
 
@@ -105,7 +107,7 @@ def test_the_payload_lands_where_it_applies(lab, first_deploy):
     for host in lab.hosts:
         built = host.package_sha256
         record = current_release(host)
-        assert record["id"] == "sub510" and record["status"] == "pending"
+        assert record["id"] == "sub510" and record["status"] == "good"
         # The registry is patched only where the base lacks the model's architecture.
         registry_changed = host.variant == "vendor-unregistered"
         assert (digest(package_file(host, REGISTRY)) != built[REGISTRY]) == registry_changed
@@ -136,6 +138,19 @@ def test_the_engine_runs_with_exactly_sub168_and_the_env_file(lab, first_deploy)
         assert environ["CUDA_VISIBLE_DEVICES"] == "0,1,2,3"
         env_file = host.path("/etc/biv100-serving/engine.env").read_text()
         assert "PYTORCH_CUDA_ALLOC_CONF=garbage_collection_threshold:0.8,max_split_size_mb:512" in env_file
+
+
+def test_every_host_passes_the_probes_and_its_release_is_marked_good(lab, first_deploy):
+    for host in lab.hosts:
+        (probed,) = first_deploy.results(host.name, PROBE_TASK)
+        assert probed["failed_probes"] == [] and len(probed["probes"]) >= 40
+        saved = json.loads(Path(probed["results_file"]).read_text())
+        assert saved["host"] == host.name and saved["summary"] == probed["summary"]
+        assert [answer["name"] for answer in saved["answers"]] == [p["name"] for p in probed["probes"]]
+        history = current_release(host)["history"]
+        assert history[-1]["status"] == "good" and history[-1]["reason"] == probed["summary"]
+    (shown,) = first_deploy.results(lab.hosts[0].name, "Show the probes' verdicts of every host")
+    assert [line.split(":")[0] for line in shown["msg"]] == sorted(host.name for host in lab.hosts)
 
 
 def test_the_platform_run_file_carries_the_same_variables(lab, first_deploy):
@@ -204,18 +219,18 @@ def sub168(**changes) -> dict:
 def test_changing_one_argument_restarts_only_the_engine(lab, first_deploy, tmp_path):
     pids = engine_pids(lab)
     changed = run_playbook(DEPLOY, lab.inventory_path, tmp_path / "one",
-                           extravars={"serving_release": "sub510", "engine_args": sub168(max_num_seqs=1)})
+                           extravars={"serving_release": "sub510", "engine_args": sub168(gpu_memory_utilization=0.9)})
     assert changed.rc == 0, changed.stats
     for host in lab.hosts:
         (staged,) = changed.results(host.name, "Stage the serving-layer payload")
         assert staged["changed_files"] == []  # no payload travelled
         (engine,) = changed.results(host.name, "Run the engine, restarting it on a new release or drift")
         assert engine["action"] == "restart"
-        assert "argument --max-num-seqs: running 2, desired 1" in engine["drift"]
-        assert option_values(engine_process(host)[0])["--max-num-seqs"] == "1"
+        assert "argument --gpu-memory-utilization: running 0.95, desired 0.9" in engine["drift"]
+        assert option_values(engine_process(host)[0])["--gpu-memory-utilization"] == "0.9"
     assert all(engine_pids(lab)[name] != pid for name, pid in pids.items())
     back = run_playbook(DEPLOY, lab.inventory_path, tmp_path / "back", extravars={"serving_release": "sub510"})
-    assert back.rc == 0 and option_values(engine_process(lab.hosts[0])[0])["--max-num-seqs"] == "2"
+    assert back.rc == 0 and option_values(engine_process(lab.hosts[0])[0])["--gpu-memory-utilization"] == "0.95"
 
 
 @pytest.mark.parametrize("extravars, message", [
@@ -245,10 +260,30 @@ def test_an_engine_that_never_gets_healthy_fails_the_host_with_its_log_tail(lab,
     assert run.hosts_with("failures") == {host.name}
     (message,) = [text for text in run.failure_messages(host.name) if "not healthy" in text]
     assert "not healthy after 3 s" in message and "log tail" in message
-    assert "Starting vLLM API server" in message  # the engine's own words, from its log
+    # This start's own words, from its log, and nothing of the engine it replaced.
+    assert "BIV100_STANDIN_NEVER_HEALTHY=1: the engine never finishes loading" in message
+    assert "vllm starts: " in message and "POST /v1/chat/completions" not in message
     healed = run_playbook(DEPLOY, lab.inventory_path, tmp_path / "healed", limit=host.name,
                           extravars={"serving_release": "sub510"})
     assert healed.rc == 0, healed.stats
+
+
+def test_a_failed_probe_fails_the_host_naming_it_and_its_release_stays_pending(lab, first_deploy, tmp_path):
+    broken, *others = lab.hosts
+    # Extra variables are templated per host: only `broken` runs a stand-in that drops a choice.
+    run = run_playbook(DEPLOY, lab.inventory_path, tmp_path / "broken", extravars={
+        "serving_release": "sub540", "standin_env": STANDIN_ENV,
+        "engine_env": "{{ standin_env | combine({'BIV100_STANDIN_BREAK': 'n'} if inventory_hostname == '%s' else {}) }}"
+                      % broken.name})
+    assert run.hosts_with("failures") == {broken.name}
+    (message,) = [text for text in run.failure_messages(broken.name) if "probes failed" in text]
+    assert f"{broken.name}: 2 of " in message and "first n-two" in message
+    assert "expected length(body.choices) == `2`" in message
+    assert current_release(broken)["status"] == "pending"
+    assert {current_release(host)["status"] for host in others} == {"good"}
+    healed = run_playbook(DEPLOY, lab.inventory_path, tmp_path / "healed", limit=broken.name,
+                          extravars={"serving_release": "sub540"})
+    assert healed.rc == 0 and current_release(broken)["status"] == "good", healed.stats
 
 
 # --- hostile payloads -----------------------------------------------------------------------

@@ -296,14 +296,19 @@ def test_a_large_log_is_rotated_at_start(engine):
     assert "old run" not in engine.log_file.read_text()
 
 
-def test_an_engine_that_exits_at_once_fails_with_the_log_tail(engine, tmp_path):
+def test_an_engine_that_exits_at_once_fails_with_its_own_log_tail(engine, tmp_path):
+    engine.log_file.parent.mkdir(parents=True)
+    engine.log_file.write_text("INFO an earlier engine's request\n")
     crash = [sys.executable, "-c", "import sys; print('CUDA out of memory'); sys.exit(3)"]
 
     failed, result = engine(command=crash)
 
     assert failed and result["rc"] == 3
     assert "exited with status 3" in result["msg"] and "CUDA out of memory" in result["msg"]
+    # From this start's header on: the earlier engine's lines say nothing about this failure.
+    assert len(result["log_tail"]) == 2 and " vllm starts: " in result["log_tail"][0]
     assert result["log_tail"][-1] == "CUDA out of memory"
+    assert "earlier engine" not in result["msg"]
     assert not engine.pid_file.exists()
 
 

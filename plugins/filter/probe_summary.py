@@ -1,0 +1,27 @@
+"""probe_summary: the end-of-play lines of the probe phase, one per host."""
+
+from __future__ import annotations
+
+
+def probe_summary(results: dict) -> list[str]:
+    """{host: the probe task's result, or None when the host was not probed} -> lines."""
+    return [f"{host}: {_line(result)}" for host, result in sorted(results.items())]
+
+
+def _line(result: dict | None) -> str:
+    if not result or "probes" not in result:
+        return "not probed"
+    probes = result["probes"]
+    latencies = sorted(p["latency_ms"] for p in probes if p.get("latency_ms") is not None)
+    timing = ""
+    if latencies:
+        slowest = max(probes, key=lambda p: p.get("latency_ms") or 0)
+        timing = (f", median {latencies[len(latencies) // 2]:.0f} ms, slowest {slowest['name']}"
+                  f" {slowest['latency_ms']:.0f} ms")
+    failed = [p["name"] for p in probes if not p["passed"]]
+    return result["summary"] + timing + (f"; failed: {', '.join(failed)}" if failed else "")
+
+
+class FilterModule:
+    def filters(self):
+        return {"probe_summary": probe_summary}

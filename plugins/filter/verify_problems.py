@@ -1,0 +1,57 @@
+"""verify_problems: every way a host differs from what its last deploy left, one sentence each."""
+
+from __future__ import annotations
+
+
+def verify_problems(checks: dict) -> list[str]:
+    """Sentences from verify.yml's registered checks (guard, release, engine, env_file, probes);
+    empty when the host is as deployed and its engine passes the probes."""
+    return [
+        *_guard(checks.get("guard") or {}),
+        *_release(checks.get("release") or {}),
+        *_engine(checks.get("engine") or {}),
+        *_env_file(checks.get("env_file") or {}),
+        *_probes(checks.get("probes") or {}),
+    ]
+
+
+def _guard(result: dict) -> list[str]:
+    clean = result.get("guard") and not result["guard"].get("mismatches")
+    return [] if clean else [f"model layer: {result.get('msg', 'the guard did not run')}"]
+
+
+def _release(result: dict) -> list[str]:
+    if result.get("failed"):
+        return [f"release: {result.get('msg')}"]
+    if not result.get("release"):
+        return ["release: none deployed on this host"]
+    return [f"serving file drift from release {result['release']}: {sentence}"
+            for sentence in result.get("drift", [])]
+
+
+def _engine(result: dict) -> list[str]:
+    if result.get("failed"):
+        return [f"engine: {result.get('msg')}"]
+    if not result.get("running"):
+        return ["engine: not running"]
+    return [f"engine drift: {sentence}" for sentence in result.get("drift", [])]
+
+
+def _env_file(status: dict) -> list[str]:
+    if not status.get("exists"):
+        return [f"env file {status.get('path')}: missing"]
+    return [] if status.get("matches") else [
+        f"env file {status['path']}: differs from the desired one"]
+
+
+def _probes(result: dict) -> list[str]:
+    if "probes" not in result:
+        return [f"probes did not run: {result.get('msg', 'no result')}"]
+    failed = [probe for probe in result["probes"] if not probe["passed"]]
+    return [f"probe {probe['name']} failed (guards: {probe['guards']}): expected "
+            f"{probe['failed_expectation']}" for probe in failed]
+
+
+class FilterModule:
+    def filters(self):
+        return {"verify_problems": verify_problems}

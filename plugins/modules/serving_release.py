@@ -1,0 +1,191 @@
+#!/usr/bin/python
+# -*- coding: utf-8 -*-
+# Copyright: biv100.serving maintainers
+# Apache License 2.0 (see LICENSE)
+
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+---
+module: serving_release
+short_description: Read a release of the on-host store, check its files, and record its verdict
+version_added: 0.1.0
+description:
+  - Reads a release record of the store M(biv100.serving.serving_overlay) writes (by default
+    the one C(current) points at) and compares every file the release installed with what is
+    installed now, by sha256. A file the release removed must be absent.
+  - With O(status), records the release's verdict - V(good) once its probes passed, V(failed)
+    with O(reason) - in its record, with the time and reason appended to its history, and
+    O(engine), the engine settings the verdict was reached with, which a rollback to the
+    release brings back. The record is rewritten atomically; recording what it already holds
+    changes nothing.
+author:
+  - biv100.serving maintainers (!UNKNOWN)
+options:
+  state_dir:
+    description: The collection's state store.
+    type: path
+    default: /var/lib/biv100-serving
+  package_root:
+    description: The installed C(vllm) package the release's paths are relative to.
+    type: path
+    required: true
+  release:
+    description: The release; C(current) when not given.
+    type: str
+  status:
+    description: The verdict to record; nothing is recorded when not given.
+    type: str
+    choices: [good, failed]
+  reason:
+    description: Why, recorded with the status (the failed probe, say).
+    type: str
+    default: ""
+  engine:
+    description: The engine settings to record with O(status) (arguments, allocator, variables).
+    type: dict
+extends_documentation_fragment:
+  - ansible.builtin.action_common_attributes
+attributes:
+  check_mode:
+    support: full
+    details:
+      - Reports the status it would record.
+  diff_mode:
+    support: full
+    details:
+      - The release's status before and after.
+  platform:
+    support: full
+    platforms: posix
+seealso:
+  - module: biv100.serving.serving_overlay
+"""
+
+EXAMPLES = r"""
+- name: Mark the current release good
+  biv100.serving.serving_release:
+    package_root: "{{ ansible_facts.vllm_facts.package_root }}"
+    status: good
+
+- name: Check that the installed serving files are the current release's
+  biv100.serving.serving_release:
+    package_root: "{{ ansible_facts.vllm_facts.package_root }}"
+  register: release
+  failed_when: release.drift | length > 0
+"""
+
+RETURN = r"""
+release:
+  description: The release id; null when the host has no release yet.
+  returned: always
+  type: str
+  sample: sub510
+status:
+  description: Its status after the task (pending, good, failed or rolled_back).
+  returned: always
+  type: str
+  sample: good
+previous_status:
+  description: Its status before the task.
+  returned: always
+  type: str
+  sample: pending
+drift:
+  description: One sentence per installed file that is not the release's.
+  returned: always
+  type: list
+  elements: str
+  sample: ["entrypoints/openai/serving_chat.py: installed 3f2a..., release 9b1c..."]
+files:
+  description: The number of files the release installed or removed.
+  returned: always
+  type: int
+  sample: 3
+"""
+
+import os
+import time
+
+from ansible.module_utils.basic import AnsibleModule
+from ansible_collections.biv100.serving.plugins.module_utils._state_store import (
+    StateDir,
+    read_json,
+    write_json,
+)
+from ansible_collections.biv100.serving.plugins.module_utils._vllm_layout import sha256_file
+
+
+def short(digest):
+    return "absent" if digest is None else digest[:12] + "..."
+
+
+def file_drift(package_root, digests):
+    sentences = []
+    for path in sorted(digests):
+        installed_path = os.path.join(package_root, path)
+        installed = sha256_file(installed_path) if os.path.isfile(installed_path) else None
+        if installed != digests[path]:
+            sentences.append(
+                "%s: installed %s, release %s" % (path, short(installed), short(digests[path]))
+            )
+    return sentences
+
+
+def main():
+    module = AnsibleModule(
+        argument_spec=dict(
+            state_dir=dict(type="path", default="/var/lib/biv100-serving"),
+            package_root=dict(type="path", required=True),
+            release=dict(type="str"),
+            status=dict(type="str", choices=["good", "failed"]),
+            reason=dict(type="str", default=""),
+            engine=dict(type="dict"),
+        ),
+        supports_check_mode=True,
+    )
+    params = module.params
+    store = StateDir(params["state_dir"])
+    release = params["release"] or store.current_release()
+    if release is None:
+        if params["status"]:
+            module.fail_json(msg="no release in %s to mark %s" % (store.root, params["status"]))
+        module.exit_json(changed=False, release=None, status=None, previous_status=None, drift=[], files=0)
+    record_path = store.release_record(release)
+    record = read_json(record_path)
+    if record is None:
+        module.fail_json(msg="release %s has no record in %s" % (release, store.root))
+
+    digests = record.get("digests") or {}
+    previous = record.get("status")
+    status = params["status"] or previous
+    changed = status != previous
+    engine_changed = bool(params["status"]) and params["engine"] is not None and (
+        record.get("engine") != params["engine"])
+    if (changed or engine_changed) and not module.check_mode:
+        if changed:
+            record["status"] = status
+            record.setdefault("history", []).append({
+                "status": status,
+                "at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                "reason": params["reason"],
+            })
+        if engine_changed:
+            record["engine"] = params["engine"]
+        write_json(record_path, record)
+    result = dict(
+        changed=changed or engine_changed,
+        release=release,
+        status=status,
+        previous_status=previous,
+        drift=file_drift(params["package_root"], digests),
+        files=len(digests),
+        msg="release %s: %s%s" % (release, status, " (was %s)" % previous if changed else ""),
+    )
+    if module._diff:
+        result["diff"] = {"before": {"status": previous}, "after": {"status": status}}
+    module.exit_json(**result)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,293 @@
+#!/usr/bin/python
+# -*- coding: utf-8 -*-
+# Copyright: biv100.serving maintainers
+# Apache License 2.0 (see LICENSE)
+
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+---
+module: serving_rollback
+short_description: Put a host's serving files back to an earlier release, or to the vendor's
+version_added: 0.1.0
+description:
+  - Restores every file the collection has ever overlaid on the host to what the target release
+    installed - the release's own content where it touches the file, the vendor's pristine
+    copy where it does not - checks each by sha256, and switches C(current) to the target
+    (removes it for V(base)).
+  - The target is read from the release records, never guessed from file times. V(previous) is
+    the newest C(good) release along the chain of releases that were current before the current
+    one (each record names its predecessor); V(last_good) is the current release when it is
+    C(good), else V(previous). Either falls back to V(base) on a host that never had a good
+    release.
+  - The release replaced is marked C(rolled_back) with the reason, unless it is already
+    C(failed). Rolling back to the release already current, with every file in place, changes
+    nothing.
+  - Returns the engine settings recorded with the target release, which the caller restarts the
+    engine with.
+author:
+  - biv100.serving maintainers (!UNKNOWN)
+options:
+  state_dir:
+    description: The collection's state store.
+    type: path
+    default: /var/lib/biv100-serving
+  package_root:
+    description: The installed C(vllm) package.
+    type: path
+    required: true
+  to:
+    description: V(previous), V(last_good), V(base), or a release id such as C(sub168).
+    type: str
+    default: previous
+  reason:
+    description: Why, recorded in the history of the release replaced.
+    type: str
+    default: ""
+extends_documentation_fragment:
+  - ansible.builtin.action_common_attributes
+attributes:
+  check_mode:
+    support: full
+    details:
+      - Reports the target, the files that would change and the engine settings it would bring back.
+  diff_mode:
+    support: full
+    details:
+      - The current release and the sha256 of every file that would change.
+  platform:
+    support: full
+    platforms: posix
+seealso:
+  - module: biv100.serving.serving_overlay
+  - module: biv100.serving.serving_release
+"""
+
+EXAMPLES = r"""
+- name: Go back to the previous good release
+  biv100.serving.serving_rollback:
+    package_root: "{{ ansible_facts.vllm_facts.package_root }}"
+    reason: submission 512 failed its evaluation
+  register: rolled_back
+
+- name: Put the vendor's files back
+  biv100.serving.serving_rollback:
+    package_root: "{{ ansible_facts.vllm_facts.package_root }}"
+    to: base
+"""
+
+RETURN = r"""
+from_release:
+  description: The release current before the task; null for the vendor's files.
+  returned: always
+  type: str
+  sample: sub512
+release:
+  description: The release current after the task; null for the vendor's files (V(base)).
+  returned: always
+  type: str
+  sample: sub510
+changed_files:
+  description: The package paths whose content changed (or would change).
+  returned: always
+  type: list
+  elements: str
+  sample: [entrypoints/openai/serving_chat.py]
+engine:
+  description: The engine settings recorded with the target release when it was proven; empty when none were.
+  returned: always
+  type: dict
+  sample: {args: {max_num_seqs: 2}, allocator: {max_split_size_mb: 512}, env: {}}
+"""
+
+import os
+import time
+
+from ansible.module_utils.basic import AnsibleModule
+from ansible_collections.biv100.serving.plugins.module_utils._state_store import (
+    StateDir,
+    atomic_write,
+    fsync_dir,
+    read_json,
+    switch_symlink,
+    write_json,
+)
+from ansible_collections.biv100.serving.plugins.module_utils._vllm_layout import sha256_file
+
+BASE = "base"
+KEYWORDS = ("previous", "last_good", BASE)
+BASE_INDEX = os.path.join("base", "index.json")
+
+
+class RollbackError(Exception):
+    pass
+
+
+def record_of(store, release):
+    record = read_json(store.release_record(release))
+    if record is None:
+        raise RollbackError("release %s has no record in %s" % (release, store.root))
+    return record
+
+
+def previous_good(store, record):
+    """The newest good release before `record`, following each record's predecessor."""
+    seen = set()
+    release = record.get("previous")
+    while release and release not in seen:
+        seen.add(release)
+        earlier = read_json(store.release_record(release))
+        if earlier is None:
+            return None
+        if earlier.get("status") == "good":
+            return release
+        release = earlier.get("previous")
+    return None
+
+
+def resolve_target(store, current, wanted):
+    """The target release id, None for the vendor's files."""
+    if wanted == BASE:
+        return None
+    if wanted not in KEYWORDS:
+        if "/" in wanted or wanted.startswith("."):
+            raise RollbackError("to must be previous, last_good, base or a release id, got %r" % wanted)
+        status = record_of(store, wanted).get("status")
+        if status in ("failed", "pending"):
+            raise RollbackError(
+                "release %s is %s: only a release that was proven good can be rolled back to"
+                % (wanted, status)
+            )
+        return wanted
+    if current is None:
+        return None
+    record = record_of(store, current)
+    if wanted == "last_good" and record.get("status") == "good":
+        return current
+    return previous_good(store, record)
+
+
+def desired_content(store, target, target_digests, index, path):
+    """(sha256 or None for absent, the file holding that content or None)."""
+    if target is not None and path in target_digests:
+        digest = target_digests[path]
+        return digest, store.release_file(target, path) if digest is not None else None
+    if index.get(path) is None:
+        return None, None  # the vendor has no such file
+    return index[path], store.base_copy(path)
+
+
+def installed_digest(path):
+    return sha256_file(path) if os.path.isfile(path) else None
+
+
+def plan(store, package_root, target):
+    """{path: (desired sha256 or None, source file or None)} of every path that differs."""
+    index = read_json(os.path.join(store.root, BASE_INDEX), default={})
+    target_digests = record_of(store, target).get("digests", {}) if target else {}
+    changes = {}
+    for path in sorted(set(index) | set(target_digests)):
+        digest, source = desired_content(store, target, target_digests, index, path)
+        if installed_digest(os.path.join(package_root, path)) != digest:
+            if digest is not None and (source is None or sha256_file(source) != digest):
+                raise RollbackError(
+                    "the store's copy of %s for %s is missing or damaged (%s)"
+                    % (path, target or "the vendor's files", source)
+                )
+            changes[path] = (digest, source)
+    return changes
+
+
+def restore(package_root, changes):
+    """Write each file through a temporary file and a rename; check every result by sha256."""
+    for path, (digest, source) in sorted(changes.items()):
+        installed = os.path.join(package_root, path)
+        if digest is None:
+            if os.path.exists(installed):
+                os.unlink(installed)
+                fsync_dir(os.path.dirname(installed))
+            continue
+        with open(source, "rb") as stream:
+            data = stream.read()
+        mode = os.stat(installed).st_mode & 0o7777 if os.path.exists(installed) else 0o644
+        atomic_write(installed, data, mode=mode)
+    wrong = [path for path, (digest, _) in changes.items()
+             if installed_digest(os.path.join(package_root, path)) != digest]
+    if wrong:
+        raise RollbackError("after restoring, these files still differ: %s" % ", ".join(sorted(wrong)))
+
+
+def mark_replaced(store, release, target, reason):
+    record = record_of(store, release)
+    if record.get("status") == "failed":
+        return
+    record["status"] = "rolled_back"
+    record.setdefault("history", []).append({
+        "status": "rolled_back",
+        "at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "reason": reason,
+        "to": target or BASE,
+    })
+    write_json(store.release_record(release), record)
+
+
+def switch_current(store, target):
+    if target is None:
+        if os.path.lexists(store.current):
+            os.unlink(store.current)
+            fsync_dir(store.root)
+        return
+    switch_symlink(store.current, os.path.join("releases", target))
+
+
+def main():
+    module = AnsibleModule(
+        argument_spec=dict(
+            state_dir=dict(type="path", default="/var/lib/biv100-serving"),
+            package_root=dict(type="path", required=True),
+            to=dict(type="str", default="previous"),
+            reason=dict(type="str", default=""),
+        ),
+        supports_check_mode=True,
+    )
+    params = module.params
+    store = StateDir(params["state_dir"])
+    current = store.current_release()
+    try:
+        target = resolve_target(store, current, params["to"])
+        changes = plan(store, params["package_root"], target)
+        engine = (record_of(store, target).get("engine") or {}) if target else {}
+    except RollbackError as error:
+        module.fail_json(msg=str(error), from_release=current)
+    changed = bool(changes) or target != current
+    result = dict(
+        changed=changed,
+        from_release=current,
+        release=target,
+        changed_files=sorted(changes),
+        engine=engine,
+        msg="%s -> %s: %d file(s) %s"
+        % (current or BASE, target or BASE, len(changes),
+           "would change" if module.check_mode else "changed"),
+    )
+    if module._diff:
+        result["diff"] = {
+            "before": "current: %s\n" % (current or BASE) + "".join(
+                "%s %s\n" % (path, installed_digest(os.path.join(params["package_root"], path)))
+                for path in sorted(changes)),
+            "after": "current: %s\n" % (target or BASE) + "".join(
+                "%s %s\n" % (path, digest) for path, (digest, _) in sorted(changes.items())),
+        }
+    if changed and not module.check_mode:
+        try:
+            restore(params["package_root"], changes)
+            if current is not None and current != target:
+                mark_replaced(store, current, target, params["reason"])
+            switch_current(store, target)
+        except (RollbackError, OSError) as error:
+            module.fail_json(msg="rolling back to %s: %s" % (target or BASE, error), **result)
+    module.exit_json(**result)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,56 @@
+from ansible_collections.biv100.serving.plugins.filter.probe_summary import probe_summary
+from ansible_collections.biv100.serving.plugins.filter.verify_problems import verify_problems
+
+HEALTHY = {
+    "guard": {"guard": {"mismatches": []}, "msg": "12 protected files as recorded (verify)"},
+    "release": {"release": "sub510", "drift": []},
+    "engine": {"running": True, "drift": []},
+    "env_file": {"path": "/etc/biv100-serving/engine.env", "exists": True, "matches": True},
+    "probes": {"probes": [{"name": "health", "passed": True, "guards": "g", "latency_ms": 3.0}],
+               "summary": "1/1 probes passed"},
+}
+
+
+def test_a_healthy_host_has_no_problem():
+    assert verify_problems(HEALTHY) == []
+
+
+def test_each_finding_is_one_sentence():
+    checks = dict(
+        HEALTHY,
+        guard={"msg": "model layer changed since first contact (verify): sequence.py sha256 a → b"},
+        release={"release": "sub510", "drift": ["serving_chat.py: installed 1..., release 2..."]},
+        engine={"running": True, "drift": ["argument --max-num-seqs: running 1, desired 2"]},
+        env_file={"path": "/etc/e.env", "exists": True, "matches": False},
+        probes={"probes": [{"name": "n-two", "passed": False, "guards": "n=2 failing",
+                            "failed_expectation": "status == `200`"}]},
+    )
+    assert verify_problems(checks) == [
+        "model layer: model layer changed since first contact (verify): sequence.py sha256 a → b",
+        "serving file drift from release sub510: serving_chat.py: installed 1..., release 2...",
+        "engine drift: argument --max-num-seqs: running 1, desired 2",
+        "env file /etc/e.env: differs from the desired one",
+        "probe n-two failed (guards: n=2 failing): expected status == `200`",
+    ]
+
+
+def test_what_is_missing_is_a_finding_too():
+    checks = dict(HEALTHY, release={"release": None, "drift": []}, engine={"running": False},
+                  env_file={"path": "/etc/e.env", "exists": False},
+                  probes={"failed": True, "msg": "probe suite x.yml does not exist"})
+    assert verify_problems(checks) == [
+        "release: none deployed on this host",
+        "engine: not running",
+        "env file /etc/e.env: missing",
+        "probes did not run: probe suite x.yml does not exist",
+    ]
+
+
+def test_the_probe_summary_has_a_line_per_host_with_latencies_and_failures():
+    failed = {"summary": "1/2 probes passed", "probes": [
+        {"name": "health", "passed": True, "latency_ms": 2.0},
+        {"name": "n-two", "passed": False, "latency_ms": 40.0}]}
+    assert probe_summary({"h2": failed, "h1": None}) == [
+        "h1: not probed",
+        "h2: 1/2 probes passed, median 40 ms, slowest n-two 40 ms; failed: n-two",
+    ]
