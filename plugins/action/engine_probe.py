@@ -25,7 +25,7 @@ from ansible_collections.biv100.serving.plugins.plugin_utils._probe_suite import
 )
 
 MODULE = "biv100.serving.engine_probe"
-SUITE_OPTIONS = ("suites", "values", "tags", "skip", "results_file")
+SUITE_OPTIONS = ("suites", "values", "tags", "skip", "skip_tags", "results_file")
 
 
 class ActionModule(ActionBase):
@@ -41,8 +41,8 @@ class ActionModule(ActionBase):
         try:
             values = dict(suite_args["values"] or {})
             probes = [with_values(probe, values) for probe in select(
-                load_suites(list(suite_args["suites"])),
-                list(suite_args["tags"] or []), list(suite_args["skip"] or []))]
+                load_suites(list(suite_args["suites"])), list(suite_args["tags"] or []),
+                list(suite_args["skip"] or []), list(suite_args["skip_tags"] or []))]
             args["requests"] = [module_request(probe) for probe in probes]
         except SuiteError as error:
             raise AnsibleActionFail(str(error)) from None

@@ -59,7 +59,8 @@ class ActionModule(ActionBase):
         current = host["current_release"]
         current_digest = ((current.get("record") or {}).get("payload_digest"))
         if not stale and current_digest == digest and args.get("release") in (None, current["id"]):
-            result.update(changed=False, release=current["id"], changed_files=[], payload_digest=digest)
+            result.update(changed=False, release=current["id"], changed_files=[], payload_digest=digest,
+                          mappings=current["record"].get("mappings", []))
             return result
 
         files = [
@@ -86,7 +87,7 @@ class ActionModule(ActionBase):
             },
             task_vars=task_vars,
         )
-        applied["payload_digest"] = digest
+        applied.update(payload_digest=digest, mappings=record["mappings"])
         result.update(applied)
         return result
 

@@ -1,14 +1,11 @@
-"""probe_summary: the end-of-play lines of the probe phase, one per host."""
+"""probe_summary: one line of a host's probe verdicts."""
 
 from __future__ import annotations
 
 
-def probe_summary(results: dict) -> list[str]:
-    """{host: the probe task's result, or None when the host was not probed} -> lines."""
-    return [f"{host}: {_line(result)}" for host, result in sorted(results.items())]
-
-
-def _line(result: dict | None) -> str:
+def probe_summary(result: dict | None) -> str:
+    """The probe task's result (None when the host was not probed) as one line: how many
+    passed, the median and the slowest latency, and the failed probes."""
     if not result or "probes" not in result:
         return "not probed"
     probes = result["probes"]

@@ -109,6 +109,11 @@ payload_digest:
   description: One sha256 over every destination path and its content on this host.
   returned: success
   type: str
+mappings:
+  description: The manifest's mapping records (idea, place, change, entry) of the entries the release carries.
+  returned: success
+  type: list
+  elements: dict
 current_release:
   description: The release C(current) pointed at before this run, and its record.
   returned: when the release changed

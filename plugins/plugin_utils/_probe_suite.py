@@ -128,13 +128,16 @@ def jmespath_literal(value) -> str:
     return "`%s`" % json.dumps(value).replace("`", "\\`")
 
 
-def select(probes: list[Probe], tags: list[str], skip: list[str]) -> list[Probe]:
-    """The probes carrying one of tags (all when tags is empty), less those named in skip."""
+def select(probes: list[Probe], tags: list[str], skip: list[str],
+           skip_tags: list[str] = ()) -> list[Probe]:
+    """The probes carrying one of tags (all when tags is empty), less those named in skip and
+    those carrying one of skip_tags."""
     unknown = set(skip) - {probe.name for probe in probes}
     if unknown:
         raise SuiteError(f"probe_skip names no probe: {', '.join(sorted(unknown))}")
     return [probe for probe in probes
-            if (not tags or set(tags) & set(probe.tags)) and probe.name not in skip]
+            if (not tags or set(tags) & set(probe.tags)) and probe.name not in skip
+            and not set(skip_tags) & set(probe.tags)]
 
 
 def render(value, values: dict, where: str):

@@ -51,7 +51,8 @@ def run_playbook(playbook: str, inventory: Path, tmp_path: Path, *, extravars: d
         project_dir=str(REPO),
         playbook=str(REPO / playbook),
         inventory=str(inventory),
-        envvars={"ANSIBLE_CONFIG": str(REPO / "ansible.cfg")},
+        # The ledger goes to the test's folder, not beside the repository's lab inventory.
+        envvars={"ANSIBLE_CONFIG": str(REPO / "ansible.cfg"), "BIV100_LEDGER_DIR": str(tmp_path / "ledger")},
         extravars=extravars or {},
         limit=limit,
         cmdline="--check" if check else None,

@@ -1,4 +1,3 @@
-from ansible_collections.biv100.serving.plugins.filter.probe_summary import probe_summary
 from ansible_collections.biv100.serving.plugins.filter.verify_problems import verify_problems
 
 HEALTHY = {
@@ -43,14 +42,4 @@ def test_what_is_missing_is_a_finding_too():
         "engine: not running",
         "env file /etc/e.env: missing",
         "probes did not run: probe suite x.yml does not exist",
-    ]
-
-
-def test_the_probe_summary_has_a_line_per_host_with_latencies_and_failures():
-    failed = {"summary": "1/2 probes passed", "probes": [
-        {"name": "health", "passed": True, "latency_ms": 2.0},
-        {"name": "n-two", "passed": False, "latency_ms": 40.0}]}
-    assert probe_summary({"h2": failed, "h1": None}) == [
-        "h1: not probed",
-        "h2: 1/2 probes passed, median 40 ms, slowest n-two 40 ms; failed: n-two",
     ]

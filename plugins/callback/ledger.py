@@ -1,0 +1,223 @@
+"""The deployment ledger: one JSON line per host per run, and a Markdown table made from them.
+
+It listens to the collection's own modules - what was staged, what the guard found, what the
+probes said, what the engine ran with, what was rolled back - and at the end of a run appends
+one line per host it saw to <ledger dir>/ledger.jsonl, then rewrites LEDGER.md from the whole
+file. The ledger dir is the `ledger` folder beside the inventory (inventory/biv100/ledger), so
+each fleet keeps its own record next to its inventory; BIV100_LEDGER_DIR names another.
+Check-mode runs change nothing and leave no line.
+"""
+
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+name: ledger
+type: notification
+short_description: Append one JSON line per host per run to the fleet's deployment ledger
+version_added: 0.1.0
+description:
+  - At the end of every run of the collection's playbooks, appends one JSON line per host to
+    C(ledger.jsonl) - time, playbook, submission id, release and its state, payload digest,
+    files changed, guard result, probe summary, engine arguments, the mappings (idea, place in
+    the base, kind of change) the release carries, the rollback if any, and the first failure -
+    and regenerates C(LEDGER.md), a Markdown table of all lines.
+  - Hosts on which no module of the collection ran (a facts-only run) get no line; check-mode
+    runs get none.
+requirements:
+  - enabled in ansible.cfg (callbacks_enabled), as the project's own is
+options:
+  ledger_dir:
+    description: The folder of C(ledger.jsonl) and C(LEDGER.md); the C(ledger) folder beside the inventory when not set.
+    type: path
+    env:
+      - name: BIV100_LEDGER_DIR
+    ini:
+      - section: biv100_ledger
+        key: dir
+author:
+  - biv100.serving maintainers (!UNKNOWN)
+"""
+
+import json
+import os
+import time
+from pathlib import Path
+
+from ansible import context
+from ansible.plugins.callback import CallbackBase
+
+LEDGER_FILE = "ledger.jsonl"
+TABLE_FILE = "LEDGER.md"
+COLLECTION = "biv100.serving."
+
+
+class CallbackModule(CallbackBase):
+    CALLBACK_VERSION = 2.0
+    CALLBACK_TYPE = "notification"
+    CALLBACK_NAME = "biv100.serving.ledger"
+    CALLBACK_NEEDS_ENABLED = True
+
+    def __init__(self):
+        super().__init__()
+        self._playbook = None
+        self._submission = None
+        self._hosts: dict[str, dict] = {}
+
+    def v2_playbook_on_start(self, playbook):
+        self._playbook = os.path.basename(playbook._file_name)
+
+    def v2_playbook_on_play_start(self, play):
+        extra = play.get_variable_manager().extra_vars
+        self._submission = extra.get("serving_release", self._submission)
+
+    def v2_runner_on_ok(self, result):
+        self._note(result, failed=False)
+
+    def v2_runner_on_failed(self, result, ignore_errors=False):
+        self._note(result, failed=True)
+
+    def _note(self, result, failed: bool) -> None:
+        action = result._task.resolved_action or result._task.action or ""
+        answer = result._result
+        entry = self._hosts.setdefault(result._host.get_name(), {})
+        if failed and "failure" not in entry:
+            entry["failure"] = f"{result._task.get_name()}: {str(answer.get('msg', ''))[:300]}"
+        if not action.startswith(COLLECTION):
+            return
+        record = RECORDERS.get(action[len(COLLECTION):])
+        if record:
+            record(entry, answer, failed)
+
+    def v2_playbook_on_stats(self, stats):
+        seen = {host: entry for host, entry in self._hosts.items() if set(entry) - {"failure"}}
+        if not seen:
+            return
+        # The run's end, whatever stopped it (a failed canary ends the playbook early): each
+        # host's release and state.
+        self._display.banner("RELEASES")
+        for host in sorted(set(stats.processed) | set(seen)):
+            self._display.display(f"{host}: {outcome_line(seen.get(host))}")
+        if context.CLIARGS.get("check"):
+            return
+        directory = Path(self.get_option("ledger_dir") or _beside_inventory())
+        now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+        lines = [dict(time=now, host=host, playbook=self._playbook, submission=self._submission,
+                      **entry) for host, entry in sorted(seen.items())]
+        append_lines(directory / LEDGER_FILE, lines)
+        write_table(directory / TABLE_FILE, read_lines(directory / LEDGER_FILE))
+
+
+def _beside_inventory() -> str:
+    sources = [source for source in context.CLIARGS.get("inventory") or () if "," not in source]
+    first = Path(sources[0]) if sources else Path.cwd() / "inventory"
+    return str((first if first.is_dir() else first.parent) / "ledger")
+
+
+# --- what each module says ---------------------------------------------------------------------
+
+
+def _staged(entry, answer, failed):
+    if "release" in answer and "payload_digest" in answer:
+        entry.update(release=answer["release"], payload_digest=answer["payload_digest"],
+                     files_changed=answer.get("changed_files", []),
+                     mappings=answer.get("mappings", []))
+
+
+def _guarded(entry, answer, failed):
+    entry["guard"] = ("FAILED: " if failed else "") + str(answer.get("msg", ""))[:300]
+
+
+def _probed(entry, answer, failed):
+    if "summary" in answer:
+        entry["probes"] = answer["summary"]
+        entry["failed_probes"] = answer.get("failed_probes", [])
+
+
+def _engine(entry, answer, failed):
+    argv = answer.get("command") or []
+    if argv:
+        # What follows the interpreter and `-m <module>` (or the program).
+        entry["engine_args"] = argv[3:] if argv[1:2] == ["-m"] else argv[1:]
+
+
+def _marked(entry, answer, failed):
+    if answer.get("release") and not failed:
+        entry.update(release=answer["release"], state=answer.get("status"))
+
+
+def _rolled_back(entry, answer, failed):
+    if failed:
+        entry["rollback"] = f"FAILED: {str(answer.get('msg', ''))[:300]}"
+        return
+    entry["rollback"] = {"from": answer.get("from_release"), "to": answer.get("release") or "base",
+                         "files": answer.get("changed_files", [])}
+    entry.update(release=answer.get("release") or "base", state="rolled back")
+
+
+RECORDERS = {
+    "serving_overlay": _staged,
+    "model_guard": _guarded,
+    "engine_probe": _probed,
+    "engine_process": _engine,
+    "serving_release": _marked,
+    "serving_rollback": _rolled_back,
+}
+
+
+def outcome_line(entry: dict | None) -> str:
+    if not entry:
+        return "untouched"
+    parts = [f"{entry.get('release') or 'no release'} {entry.get('state') or 'pending'}"]
+    if isinstance(entry.get("rollback"), dict):
+        parts.append(f"rolled back from {entry['rollback']['from'] or 'base'}")
+    if entry.get("probes"):
+        parts.append(entry["probes"])
+    if entry.get("failure"):
+        parts.append(f"failed at {entry['failure']}")
+    return "; ".join(parts)
+
+
+# --- the files -----------------------------------------------------------------------------------
+
+
+def append_lines(path: Path, lines: list[dict]) -> None:
+    """Append whole lines and fsync: a reader never sees half a line."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    data = "".join(json.dumps(line, ensure_ascii=False, sort_keys=True) + "\n" for line in lines)
+    with open(path, "a", encoding="utf-8") as stream:
+        stream.write(data)
+        stream.flush()
+        os.fsync(stream.fileno())
+
+
+def read_lines(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+
+
+COLUMNS = ("time", "host", "playbook", "submission", "release", "state", "files changed",
+           "guard", "probes", "rollback", "mappings", "failure")
+
+
+def table_row(line: dict) -> list[str]:
+    rollback = line.get("rollback")
+    if isinstance(rollback, dict):
+        rollback = f"{rollback['from'] or 'base'} → {rollback['to']} ({len(rollback['files'])} files)"
+    mappings = "; ".join(f"{m.get('idea')} → {m.get('place')} ({m.get('change')})"
+                         for m in line.get("mappings") or [])
+    return [line.get("time", ""), line.get("host", ""), line.get("playbook") or "",
+            line.get("submission") or "", line.get("release") or "", line.get("state") or "",
+            str(len(line.get("files_changed") or [])), (line.get("guard") or "")[:60],
+            line.get("probes") or "", rollback or "", mappings, line.get("failure") or ""]
+
+
+def write_table(path: Path, lines: list[dict]) -> None:
+    def cell(text: str) -> str:
+        return text.replace("|", "\\|").replace("\n", " ")
+
+    rows = ["# Deployment ledger", "",
+            f"Generated from {LEDGER_FILE} by the biv100.serving.ledger callback; do not edit.", "",
+            "| " + " | ".join(COLUMNS) + " |", "|" + " --- |" * len(COLUMNS)]
+    rows += ["| " + " | ".join(cell(value) for value in table_row(line)) + " |" for line in lines]
+    staged = path.with_name(f".{path.name}.{os.getpid()}")
+    staged.write_text("\n".join(rows) + "\n", encoding="utf-8")
+    os.replace(staged, path)
