@@ -153,6 +153,11 @@ def main():
         module.exit_json(changed=False, release=None, status=None, previous_status=None, drift=[], files=0)
     record_path = store.release_record(release)
     record = read_json(record_path)
+    if record is None and module.check_mode and params["status"]:
+        # A check run of a deploy: the staging that would write the record did not.
+        module.exit_json(changed=True, release=release, status=params["status"], previous_status=None,
+                         drift=[], files=0, msg="release %s would be staged and marked %s"
+                         % (release, params["status"]))
     if record is None:
         module.fail_json(msg="release %s has no record in %s" % (release, store.root))
 

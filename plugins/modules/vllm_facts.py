@@ -425,7 +425,8 @@ def read_cli(interpreter, package_root, timeout):
     env = dict(os.environ, PYTHONPATH=os.path.dirname(package_root))
     try:
         done = subprocess.run(
-            [interpreter, "-c", CLI_PROBE],
+            # -B: importing writes no __pycache__ into the host's vllm package.
+            [interpreter, "-B", "-c", CLI_PROBE],
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             env=env,

@@ -44,7 +44,12 @@ from playbook_runs import REPO, run_playbook
 from ansible_collections.biv100.serving.plugins.filter.engine_cli_args import SUB168 as SUB168_ARGS
 
 DEPLOY = "deploy.yml"
+VERIFY = "verify.yml"
+FINDINGS_TASK = "Report every finding"
+PROTECTED = "sequence.py"
 PROBE_TASK = "Probe the engine with the functional suites"
+# All hosts in one batch: the runs that test staging, not the canary rollout, take half the time.
+ONE_BATCH = {"serving_serial": ["100%"]}
 
 pytestmark = pytest.mark.lab
 
@@ -133,17 +138,13 @@ def test_no_protected_byte_changed_and_the_baseline_is_what_the_lab_built(lab, f
             assert digest(package_file(host, path)) == sha
 
 
-def test_a_second_run_changes_nothing_and_restarts_nothing(lab, first_deploy, tmp_path):
+def test_a_second_run_changes_nothing_restarts_nothing_and_makes_no_release(lab, first_deploy, tmp_path):
     before, pids = host_state(lab), engine_pids(lab)
-    again = run_playbook(DEPLOY, lab.inventory_path, tmp_path, extravars={"serving_release": "sub510"})
+    # Without a submission id a run that changes nothing makes no release either.
+    again = run_playbook(DEPLOY, lab.inventory_path, tmp_path, extravars=ONE_BATCH)
     assert again.rc == 0 and not again.hosts_with("changed"), again.stats
     assert host_state(lab) == before
     assert engine_pids(lab) == pids
-
-
-def test_a_run_without_a_submission_id_makes_no_release_when_nothing_differs(lab, first_deploy, tmp_path):
-    again = run_playbook(DEPLOY, lab.inventory_path, tmp_path)
-    assert again.rc == 0 and not again.hosts_with("changed"), again.stats
     assert {current_release(host)["id"] for host in lab.hosts} == {"sub510"}
 
 
@@ -152,7 +153,7 @@ def test_check_mode_of_a_new_payload_reports_and_writes_nothing(lab, first_deplo
     overlay(payload, "mine", "reasoning/mine_parser.py", "PARSER = 'mine'\n")
     before = host_state(lab)
     checked = run_playbook(DEPLOY, lab.inventory_path, tmp_path,
-                           extravars={"serving_release": "sub511", "stage_payload_dir": str(payload)},
+                           extravars={"serving_release": "sub511", "stage_payload_dir": str(payload), **ONE_BATCH},
                            check=True)
     assert checked.rc == 0, checked.stats
     for host in lab.hosts:
@@ -169,20 +170,21 @@ def sub168(**changes) -> dict:
 
 
 def test_changing_one_argument_restarts_only_the_engine(lab, first_deploy, tmp_path):
+    host = lab.hosts[3]  # the host whose supervisord runs the engine
     pids = engine_pids(lab)
-    changed = run_playbook(DEPLOY, lab.inventory_path, tmp_path / "one",
-                           extravars={"serving_release": "sub510", "engine_args": sub168(gpu_memory_utilization=0.9)})
+    changed = run_playbook(DEPLOY, lab.inventory_path, tmp_path / "one", limit=host.name, extravars={
+        "serving_release": "sub510", "engine_args": sub168(gpu_memory_utilization=0.9)})
     assert changed.rc == 0, changed.stats
-    for host in lab.hosts:
-        (staged,) = changed.results(host.name, "Stage the serving-layer payload")
-        assert staged["changed_files"] == []  # no payload travelled
-        (engine,) = changed.results(host.name, "Run the engine, restarting it on a new release or drift")
-        assert engine["action"] == "restart"
-        assert "argument --gpu-memory-utilization: running 0.95, desired 0.9" in engine["drift"]
-        assert option_values(engine_process(host)[0])["--gpu-memory-utilization"] == "0.9"
-    assert all(engine_pids(lab)[name] != pid for name, pid in pids.items())
-    back = run_playbook(DEPLOY, lab.inventory_path, tmp_path / "back", extravars={"serving_release": "sub510"})
-    assert back.rc == 0 and option_values(engine_process(lab.hosts[0])[0])["--gpu-memory-utilization"] == "0.95"
+    (staged,) = changed.results(host.name, "Stage the serving-layer payload")
+    assert staged["changed_files"] == []  # no payload travelled
+    (engine,) = changed.results(host.name, "Run the engine, restarting it on a new release or drift")
+    assert (engine["manager"], engine["action"]) == ("supervisord", "restart")
+    assert "argument --gpu-memory-utilization: running 0.95, desired 0.9" in engine["drift"]
+    assert option_values(engine_process(host)[0])["--gpu-memory-utilization"] == "0.9"
+    assert {name for name, pid in engine_pids(lab).items() if pids[name] != pid} == {host.name}
+    back = run_playbook(DEPLOY, lab.inventory_path, tmp_path / "back", limit=host.name,
+                        extravars={"serving_release": "sub510"})
+    assert back.rc == 0 and option_values(engine_process(host)[0])["--gpu-memory-utilization"] == "0.95"
 
 
 @pytest.mark.parametrize("extravars, message", [
@@ -281,8 +283,10 @@ def test_a_hostile_payload_is_refused_naming_the_entry_and_nothing_changes(lab, 
     payload = copy_payload(tmp_path)
     expected = make_hostile(payload)
     before = host_state(lab)
-    run = run_playbook(DEPLOY, lab.inventory_path, tmp_path,
-                       extravars={"serving_release": "sub666", "stage_payload_dir": str(payload)})
+    # One batch, so that every host's own check is seen (by default the canary's refusal would
+    # stop the rollout before the others are asked).
+    run = run_playbook(DEPLOY, lab.inventory_path, tmp_path, extravars={
+        "serving_release": "sub666", "stage_payload_dir": str(payload), **ONE_BATCH})
     assert run.rc != 0
     assert run.hosts_with("failures") == {host.name for host in lab.hosts}
     for host in lab.hosts:
@@ -303,7 +307,8 @@ def test_a_deploy_killed_at_any_moment_leaves_whole_files_and_a_rerun_converges(
               for name, body in bodies.items()}
     old = serving_digests(lab)
     command = [str(Path(sys.executable).with_name("ansible-playbook")), DEPLOY, "-i", str(lab.inventory_path),
-               "-e", "serving_release=sub520", "-e", f"stage_payload_dir={payload}"]
+               "-e", "serving_release=sub520", "-e", f"stage_payload_dir={payload}",
+               "-e", json.dumps(ONE_BATCH)]
     env = dict(os.environ, ANSIBLE_CONFIG=str(REPO / "ansible.cfg"),
                BIV100_LEDGER_DIR=str(tmp_path / "ledger"))
     for delay in (2.0, 3.0, 4.0):
@@ -324,15 +329,14 @@ def test_a_deploy_killed_at_any_moment_leaves_whole_files_and_a_rerun_converges(
         for key, sha in serving_digests(lab).items():
             assert sha == old[key], key  # the shipped patches were already installed
     # The killed runs' locks are stale (their controller process is gone): taken over, not refused.
-    rerun = run_playbook(DEPLOY, lab.inventory_path, tmp_path, extravars={
-        "serving_release": "sub520", "stage_payload_dir": str(payload)})
+    again = {"serving_release": "sub520", "stage_payload_dir": str(payload), **ONE_BATCH}
+    rerun = run_playbook(DEPLOY, lab.inventory_path, tmp_path, extravars=again)
     assert rerun.rc == 0, rerun.stats
     for host in lab.hosts:
         assert current_release(host)["id"] == "sub520"
         for path, sha in wanted.items():
             assert digest(package_file(host, path)) == sha
-    converged = run_playbook(DEPLOY, lab.inventory_path, tmp_path / "again", extravars={
-        "serving_release": "sub520", "stage_payload_dir": str(payload)})
+    converged = run_playbook(DEPLOY, lab.inventory_path, tmp_path / "again", extravars=again)
     assert converged.rc == 0 and not converged.hosts_with("changed"), converged.stats
 
 
@@ -349,7 +353,8 @@ def test_a_host_locked_by_another_run_is_refused_naming_the_holder(lab, first_de
     lock = locked.path(f"{STATE}/lock")
     lock.write_text(json.dumps(holder))
     try:
-        run = run_playbook(DEPLOY, lab.inventory_path, tmp_path, extravars={"serving_release": "sub530"})
+        run = run_playbook(DEPLOY, lab.inventory_path, tmp_path,
+                           extravars={"serving_release": "sub530", **ONE_BATCH})
         assert json.loads(lock.read_text()) == holder  # the other run's lock is left alone
     finally:
         lock.unlink()
@@ -360,3 +365,43 @@ def test_a_host_locked_by_another_run_is_refused_naming_the_holder(lab, first_de
     assert {host.name for host in others} <= run.hosts_with("ok")
     assert current_release(locked)["id"] != "sub530"
     assert {current_release(host)["id"] for host in others} == {"sub530"}
+
+
+# --- verify.yml on the deployed fleet (last: it leaves drift behind) --------------------------
+
+
+def findings(run, host) -> list[str]:
+    (result,) = run.results(host.name, FINDINGS_TASK)
+    return result["msg"] if isinstance(result["msg"], list) else []
+
+
+def test_verify_finds_a_healthy_fleet_green_and_changes_nothing(lab, first_deploy, tmp_path):
+    run = run_playbook(VERIFY, lab.inventory_path, tmp_path)
+
+    assert run.rc == 0 and not run.hosts_with("changed"), run.stats
+    for host in lab.hosts:
+        (result,) = run.results(host.name, FINDINGS_TASK)
+        assert result["msg"].startswith(f"healthy: {current_release(host)['id']} as deployed")
+
+
+def test_verify_fails_exactly_the_host_of_each_drift_naming_it(lab, first_deploy, tmp_path):
+    untouched, edited, guarded, restarted = lab.hosts
+    chat = edited.path(f"{edited.package_root}/{CHAT}")
+    chat.write_text(chat.read_text() + "# edited by hand\n")
+    protected = guarded.path(f"{guarded.package_root}/{PROTECTED}")
+    protected.write_text(protected.read_text() + "# edited by hand\n")
+    other = sub168(gpu_memory_utilization=0.9)
+    moved = run_playbook(DEPLOY, lab.inventory_path, tmp_path / "moved", limit=restarted.name,
+                         extravars={"engine_args": other})
+    assert moved.rc == 0, moved.stats
+
+    run = run_playbook(VERIFY, lab.inventory_path, tmp_path / "verify")
+
+    assert run.rc != 0 and not run.hosts_with("changed")
+    assert run.hosts_with("failures") == {edited.name, guarded.name, restarted.name}
+    (edit,) = findings(run, edited)
+    assert edit.startswith(f"serving file drift from release {current_release(edited)['id']}: {CHAT}: installed ")
+    (guard,) = findings(run, guarded)
+    assert guard.startswith("model layer: ") and PROTECTED in guard
+    (engine,) = findings(run, restarted)
+    assert engine == "engine drift: argument --gpu-memory-utilization: running 0.9, desired 0.95"

@@ -80,3 +80,10 @@ def test_a_host_without_releases_has_nothing_to_mark(run_module, tmp_path):
     assert run_module(serving_release, args).result["release"] is None
     failed, result = run_module(serving_release, dict(args, status="good"))
     assert failed and "no release" in result["msg"]
+
+
+def test_a_check_run_may_mark_the_release_it_would_stage(release, store):
+    checked = release(release="sub511", status="good", _ansible_check_mode=True).result
+    assert (checked["changed"], checked["release"], checked["status"]) == (True, "sub511", "good")
+    failed, result = release(release="sub511", status="good")
+    assert failed and "release sub511 has no record" in result["msg"]
