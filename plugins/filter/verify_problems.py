@@ -4,13 +4,12 @@ from __future__ import annotations
 
 
 def verify_problems(checks: dict) -> list[str]:
-    """Sentences from verify.yml's registered checks (guard, release, engine, env_file, probes);
-    empty when the host is as deployed and its engine passes the probes."""
+    """Sentences from verify.yml's registered checks (guard, release, engine, probes); empty
+    when the host is as deployed and its engine passes the probes."""
     return [
         *_guard(checks.get("guard") or {}),
         *_release(checks.get("release") or {}),
         *_engine(checks.get("engine") or {}),
-        *_env_file(checks.get("env_file") or {}),
         *_probes(checks.get("probes") or {}),
     ]
 
@@ -32,16 +31,11 @@ def _release(result: dict) -> list[str]:
 def _engine(result: dict) -> list[str]:
     if result.get("failed"):
         return [f"engine: {result.get('msg')}"]
+    found = [] if result.get("env_file_matches", True) else [
+        f"env file {result.get('env_file', 'of the engine')}: differs from the desired one"]
     if not result.get("running"):
-        return ["engine: not running"]
-    return [f"engine drift: {sentence}" for sentence in result.get("drift", [])]
-
-
-def _env_file(status: dict) -> list[str]:
-    if not status.get("exists"):
-        return [f"env file {status.get('path')}: missing"]
-    return [] if status.get("matches") else [
-        f"env file {status['path']}: differs from the desired one"]
+        return ["engine: not running", *found]
+    return [f"engine drift: {sentence}" for sentence in result.get("drift", [])] + found
 
 
 def _probes(result: dict) -> list[str]:

@@ -67,6 +67,13 @@ options:
       - Under systemd a variable may be set in this file or in O(env), not both, since systemd
         lets the file win.
     type: path
+  env_file_content:
+    description:
+      - The content O(env_file) must have. The module writes it (mode 0600, through a temporary
+        file and a rename) when the file differs, before the engine starts; a changed file is
+        drift like any other change of the engine's environment.
+      - With O(state=status) it is only compared, in RV(env_file_matches).
+    type: str
   cwd:
     description: The engine's working directory.
     type: path
@@ -249,6 +256,16 @@ pid_file:
   returned: always
   type: str
   sample: /run/biv100-serving/vllm.pid
+env_file:
+  description: The env file, as given.
+  returned: always
+  type: str
+  sample: /etc/biv100-serving/engine.env
+env_file_matches:
+  description: Whether O(env_file) held O(env_file_content) before the task; null without O(env_file_content).
+  returned: always
+  type: bool
+  sample: true
 log_tail:
   description: The last 40 lines of the log, when a new engine exited during O(start_check_seconds).
   returned: failure
@@ -268,6 +285,7 @@ from ansible_collections.biv100.serving.plugins.module_utils._engine_managers im
     choose_manager,
     remove_pid_files,
 )
+from ansible_collections.biv100.serving.plugins.module_utils._state_store import atomic_write
 
 # The whole inherited environment of the engine, before env_file and env.
 BASE_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
@@ -279,20 +297,34 @@ NOT_RUNNING = {"running": False, "pid": None, "command": [], "env": {}, "started
 
 def read_env_file(path):
     """The variables of a KEY=VALUE file; ValueError naming the line that is neither."""
-    variables = {}
     with open(path, encoding="utf-8") as stream:
-        for number, line in enumerate(stream, 1):
-            line = line.strip()
-            if not line or line.startswith("#"):
-                continue
-            key, sep, value = line.partition("=")
-            key, value = key.strip(), value.strip()
-            if not sep or not ENV_NAME.match(key):
-                raise ValueError("%s line %d is not KEY=VALUE: %s" % (path, number, line))
-            if len(value) >= 2 and value[0] == value[-1] and value[0] in "'\"":
-                value = value[1:-1]
-            variables[key] = value
+        return parse_env_text(stream.read(), path)
+
+
+def parse_env_text(text, path):
+    """The variables of KEY=VALUE lines, as systemd's EnvironmentFile= reads them."""
+    variables = {}
+    for number, line in enumerate(text.splitlines(), 1):
+        line = line.strip()
+        if not line or line.startswith("#"):
+            continue
+        key, sep, value = line.partition("=")
+        key, value = key.strip(), value.strip()
+        if not sep or not ENV_NAME.match(key):
+            raise ValueError("%s line %d is not KEY=VALUE: %s" % (path, number, line))
+        if len(value) >= 2 and value[0] == value[-1] and value[0] in "'\"":
+            value = value[1:-1]
+        variables[key] = value
     return variables
+
+
+def env_file_matches(path, content):
+    """Whether the file at path holds exactly content (False when it is missing)."""
+    try:
+        with open(path, encoding="utf-8") as stream:
+            return stream.read() == content
+    except FileNotFoundError:
+        return False
 
 
 def base_environment():
@@ -328,7 +360,12 @@ def desired_environment(module):
     ):
         return None
     from_file = {}
-    if params["env_file"]:
+    if params["env_file"] and params["env_file_content"] is not None:
+        try:
+            from_file = parse_env_text(params["env_file_content"], "env_file_content")
+        except ValueError as error:
+            module.fail_json(msg=str(error))
+    elif params["env_file"]:
         try:
             from_file = read_env_file(params["env_file"])
         except FileNotFoundError:
@@ -484,11 +521,17 @@ def engine_left_by_launcher(module, manager, command):
     return PidFileManager(module.params, module.run_command).find_own(command)
 
 
-def apply(module, manager, action, engine, definition, desired_env):
-    """Stop, install the new definition, start: each step only when planned."""
+def write_env_file(params):
+    atomic_write(params["env_file"], params["env_file_content"].encode("utf-8"), mode=0o600)
+
+
+def apply(module, manager, action, engine, definition, desired_env, env_file_stale):
+    """Write the env file, stop, install the new definition, start: each step only when planned."""
     params = module.params
     command = params["command"]
     after = engine.observed(desired_env) if engine else dict(NOT_RUNNING)
+    if env_file_stale:
+        write_env_file(params)
     if action in ("start", "restart"):
         leftover = engine_left_by_launcher(module, manager, command)
         if leftover is not None:
@@ -512,6 +555,7 @@ def main():
             command=dict(type="list", elements="str"),
             env=dict(type="dict", default={}),
             env_file=dict(type="path"),
+            env_file_content=dict(type="str", no_log=True),
             cwd=dict(type="path", default="/"),
             state=dict(
                 type="str", choices=["started", "stopped", "restarted", "status"], default="started"
@@ -537,6 +581,11 @@ def main():
     if command is not None and not command:
         module.fail_json(msg="command is empty")
 
+    if params["env_file_content"] is not None and not params["env_file"]:
+        module.fail_json(msg="env_file_content needs env_file, the file it is written to")
+    matches = None
+    if params["env_file_content"] is not None:
+        matches = env_file_matches(params["env_file"], params["env_file_content"])
     environment = desired_environment(module)
     desired_env = environment.merged if environment else None
     try:
@@ -573,19 +622,22 @@ def main():
         )
         if removes:
             remove_pid_files(params["pid_file"])
+    env_file_stale = matches is False and state in ("started", "restarted")
     after = before
     if not module.check_mode:
         try:
-            after = apply(module, manager, action, engine, definition, desired_env)
+            after = apply(module, manager, action, engine, definition, desired_env, env_file_stale)
         except EngineError as error:
             module.fail_json(msg=str(error), **error.extra)
         except OSError as error:
             module.fail_json(msg="%s: %s" % (params["name"], error))
 
     result = dict(
-        changed=action != "none" or definition is not None,
+        changed=action != "none" or definition is not None or env_file_stale,
         action=action,
         manager=manager.name,
+        env_file=params["env_file"],
+        env_file_matches=matches,
         drift=drifted,
         log_file=params["log_file"],
         pid_file=params["pid_file"],

@@ -44,6 +44,15 @@ options:
   engine:
     description: The engine settings to record with O(status) (arguments, allocator, variables).
     type: dict
+  keep_good:
+    description:
+      - With O(status=good), then remove old releases as M(biv100.serving.serving_retention)
+        does, keeping this many proven ones; nothing is removed when not given.
+    type: int
+  keep_failed_days:
+    description: With O(keep_good), failed releases younger than this many days are kept.
+    type: int
+    default: 14
 extends_documentation_fragment:
   - ansible.builtin.action_common_attributes
 attributes:
@@ -97,6 +106,12 @@ drift:
   type: list
   elements: str
   sample: ["entrypoints/openai/serving_chat.py: installed 3f2a..., release 9b1c..."]
+removed:
+  description: The old releases removed (with O(keep_good)).
+  returned: always
+  type: list
+  elements: str
+  sample: [sub101]
 files:
   description: The number of files the release installed or removed.
   returned: always
@@ -108,6 +123,7 @@ import os
 import time
 
 from ansible.module_utils.basic import AnsibleModule
+from ansible_collections.biv100.serving.plugins.module_utils._release_retention import prune
 from ansible_collections.biv100.serving.plugins.module_utils._state_store import (
     StateDir,
     read_json,
@@ -141,6 +157,8 @@ def main():
             status=dict(type="str", choices=["good", "failed"]),
             reason=dict(type="str", default=""),
             engine=dict(type="dict"),
+            keep_good=dict(type="int"),
+            keep_failed_days=dict(type="int", default=14),
         ),
         supports_check_mode=True,
     )
@@ -150,13 +168,14 @@ def main():
     if release is None:
         if params["status"]:
             module.fail_json(msg="no release in %s to mark %s" % (store.root, params["status"]))
-        module.exit_json(changed=False, release=None, status=None, previous_status=None, drift=[], files=0)
+        module.exit_json(changed=False, release=None, status=None, previous_status=None, drift=[],
+                         files=0, removed=[])
     record_path = store.release_record(release)
     record = read_json(record_path)
     if record is None and module.check_mode and params["status"]:
         # A check run of a deploy: the staging that would write the record did not.
         module.exit_json(changed=True, release=release, status=params["status"], previous_status=None,
-                         drift=[], files=0, msg="release %s would be staged and marked %s"
+                         drift=[], files=0, removed=[], msg="release %s would be staged and marked %s"
                          % (release, params["status"]))
     if record is None:
         module.fail_json(msg="release %s has no record in %s" % (release, store.root))
@@ -178,8 +197,15 @@ def main():
         if engine_changed:
             record["engine"] = params["engine"]
         write_json(record_path, record)
+    removed, pruned = [], False
+    if params["keep_good"] is not None and status == "good":
+        if params["keep_good"] < 1:
+            module.fail_json(msg="keep_good must be at least 1, got %d" % params["keep_good"])
+        _kept, removed, pruned = prune(store, params["keep_good"], params["keep_failed_days"],
+                                       module.check_mode)
     result = dict(
-        changed=changed or engine_changed,
+        changed=changed or engine_changed or pruned,
+        removed=removed,
         release=release,
         status=status,
         previous_status=previous,

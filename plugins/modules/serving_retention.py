@@ -71,80 +71,9 @@ kept:
   sample: [sub510, sub509]
 """
 
-import calendar
-import os
-import shutil
-import time
-
 from ansible.module_utils.basic import AnsibleModule
-from ansible_collections.biv100.serving.plugins.module_utils._state_store import (
-    StateDir,
-    fsync_dir,
-    read_json,
-)
-
-DAY_SECONDS = 86400
-TRASH_PREFIX = ".removing-"
-PROVEN = ("good", "rolled_back")
-
-
-def created(record):
-    """Seconds since the epoch of the record's created_at; 0 when it has none."""
-    try:
-        return calendar.timegm(time.strptime(record.get("created_at", ""), "%Y-%m-%dT%H:%M:%SZ"))
-    except ValueError:
-        return 0
-
-
-def last_good(store, records, current):
-    release = current
-    seen = set()
-    while release and release in records and release not in seen:
-        seen.add(release)
-        if records[release].get("status") == "good":
-            return release
-        release = records[release].get("previous")
-    return None
-
-
-def plan(store, keep_good, keep_failed_days, now):
-    """(kept, removed): release ids, newest first."""
-    folder = os.path.join(store.root, "releases")
-    names = sorted(os.listdir(folder)) if os.path.isdir(folder) else []
-    records = {}
-    for name in names:
-        if name.startswith("."):
-            continue
-        record = read_json(store.release_record(name))
-        # A release without its record is an interrupted staging: nothing can roll back to it.
-        records[name] = record if record is not None else {"status": "incomplete"}
-    current = store.current_release()
-    always = {current, last_good(store, records, current)}
-    newest_first = sorted(records, key=lambda name: (created(records[name]), name), reverse=True)
-    proven = [name for name in newest_first if records[name].get("status") in PROVEN]
-    kept = []
-    for name in newest_first:
-        status = records[name].get("status")
-        young = now - created(records[name]) < keep_failed_days * DAY_SECONDS
-        if (name in always or (status in PROVEN and proven.index(name) < keep_good)
-                or (status in ("failed", "pending", "incomplete") and young)):
-            kept.append(name)
-    return kept, [name for name in newest_first if name not in kept]
-
-
-def remove(store, name):
-    folder = os.path.join(store.root, "releases")
-    trash = os.path.join(folder, TRASH_PREFIX + name)
-    os.rename(os.path.join(folder, name), trash)
-    fsync_dir(folder)
-    shutil.rmtree(trash)
-
-
-def leftovers(store):
-    folder = os.path.join(store.root, "releases")
-    if not os.path.isdir(folder):
-        return []
-    return [name for name in os.listdir(folder) if name.startswith(TRASH_PREFIX)]
+from ansible_collections.biv100.serving.plugins.module_utils._release_retention import prune
+from ansible_collections.biv100.serving.plugins.module_utils._state_store import StateDir
 
 
 def main():
@@ -160,15 +89,9 @@ def main():
     if params["keep_good"] < 1:
         module.fail_json(msg="keep_good must be at least 1, got %d" % params["keep_good"])
     store = StateDir(params["state_dir"])
-    kept, removed = plan(store, params["keep_good"], params["keep_failed_days"], time.time())
-    trash = leftovers(store)
-    if not module.check_mode:
-        for name in trash:
-            shutil.rmtree(os.path.join(store.root, "releases", name))
-        for name in removed:
-            remove(store, name)
+    kept, removed, changed = prune(store, params["keep_good"], params["keep_failed_days"], module.check_mode)
     module.exit_json(
-        changed=bool(removed or trash),
+        changed=changed,
         removed=removed,
         kept=kept,
         msg="kept %d release(s), removed %d" % (len(kept), len(removed)),

@@ -3,8 +3,7 @@ from ansible_collections.biv100.serving.plugins.filter.verify_problems import ve
 HEALTHY = {
     "guard": {"guard": {"mismatches": []}, "msg": "12 protected files as recorded (verify)"},
     "release": {"release": "sub510", "drift": []},
-    "engine": {"running": True, "drift": []},
-    "env_file": {"path": "/etc/biv100-serving/engine.env", "exists": True, "matches": True},
+    "engine": {"running": True, "drift": [], "env_file": "/etc/e.env", "env_file_matches": True},
     "probes": {"probes": [{"name": "health", "passed": True, "guards": "g", "latency_ms": 3.0}],
                "summary": "1/1 probes passed"},
 }
@@ -19,8 +18,8 @@ def test_each_finding_is_one_sentence():
         HEALTHY,
         guard={"msg": "model layer changed since first contact (verify): sequence.py sha256 a → b"},
         release={"release": "sub510", "drift": ["serving_chat.py: installed 1..., release 2..."]},
-        engine={"running": True, "drift": ["argument --max-num-seqs: running 1, desired 2"]},
-        env_file={"path": "/etc/e.env", "exists": True, "matches": False},
+        engine={"running": True, "drift": ["argument --max-num-seqs: running 1, desired 2"],
+                "env_file": "/etc/e.env", "env_file_matches": False},
         probes={"probes": [{"name": "n-two", "passed": False, "guards": "n=2 failing",
                             "failed_expectation": "status == `200`"}]},
     )
@@ -34,12 +33,12 @@ def test_each_finding_is_one_sentence():
 
 
 def test_what_is_missing_is_a_finding_too():
-    checks = dict(HEALTHY, release={"release": None, "drift": []}, engine={"running": False},
-                  env_file={"path": "/etc/e.env", "exists": False},
+    checks = dict(HEALTHY, release={"release": None, "drift": []},
+                  engine={"running": False, "env_file": "/etc/e.env", "env_file_matches": False},
                   probes={"failed": True, "msg": "probe suite x.yml does not exist"})
     assert verify_problems(checks) == [
         "release: none deployed on this host",
         "engine: not running",
-        "env file /etc/e.env: missing",
+        "env file /etc/e.env: differs from the desired one",
         "probes did not run: probe suite x.yml does not exist",
     ]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import pwd
 import signal
+import stat
 import socket
 import subprocess
 import sys
@@ -366,3 +367,23 @@ def test_an_env_file_yet_to_be_written_fails_outside_check_mode_only(engine, tmp
     failed, result = engine(env_file=missing)
     assert failed and result["msg"] == "env_file %s does not exist" % missing
     assert not engine(state="stopped", env_file=missing).failed
+
+
+def test_the_env_file_is_written_when_it_differs_and_its_change_restarts_the_engine(engine, tmp_path):
+    env_file = tmp_path / "etc" / "engine.env"
+    first = engine(env_file=str(env_file), env_file_content="ALLOC=a\n").result
+    assert first["changed"] and first["env_file_matches"] is False
+    assert env_file.read_text() == "ALLOC=a\n" and stat.S_IMODE(env_file.stat().st_mode) == 0o600
+    assert environ_of(first["pid"])["ALLOC"] == "a"
+
+    same = engine(env_file=str(env_file), env_file_content="ALLOC=a\n").result
+    assert (same["changed"], same["env_file_matches"], same["pid"]) == (False, True, first["pid"])
+
+    status = engine(env_file=str(env_file), env_file_content="ALLOC=b\n", state="status").result
+    assert status["env_file_matches"] is False and env_file.read_text() == "ALLOC=a\n"
+    assert status["drift"] == ["env ALLOC: running a, desired b"]
+    checked = engine(env_file=str(env_file), env_file_content="ALLOC=b\n", _ansible_check_mode=True).result
+    assert checked["changed"] and env_file.read_text() == "ALLOC=a\n"
+
+    moved = engine(env_file=str(env_file), env_file_content="ALLOC=b\n").result
+    assert (moved["action"], moved["env"]["ALLOC"]) == ("restart", "b") and env_file.read_text() == "ALLOC=b\n"

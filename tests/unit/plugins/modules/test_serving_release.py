@@ -29,7 +29,7 @@ def store(tmp_path):
     record_dir = state / "releases" / "sub510"
     record_dir.mkdir(parents=True)
     (record_dir / "release.json").write_text(json.dumps({
-        "id": "sub510", "status": "pending",
+        "id": "sub510", "status": "pending", "created_at": "2026-11-29T00:00:00Z",
         "digests": {SERVING_CHAT: sha256(b"release content\n"), DROPPED: None}}))
     os.symlink("releases/sub510", state / "current")
     return {"package": package, "state": state, "record": record_dir / "release.json"}
@@ -87,3 +87,13 @@ def test_a_check_run_may_mark_the_release_it_would_stage(release, store):
     assert (checked["changed"], checked["release"], checked["status"]) == (True, "sub511", "good")
     failed, result = release(release="sub511", status="good")
     assert failed and "release sub511 has no record" in result["msg"]
+
+
+def test_marking_good_with_keep_good_prunes_what_is_not_needed(release, store):
+    old = store["state"] / "releases" / "sub100"
+    old.mkdir()
+    (old / "release.json").write_text(json.dumps({"id": "sub100", "status": "good",
+                                                  "created_at": "2026-01-01T00:00:00Z"}))
+    marked = release(status="good", keep_good=1).result
+    assert marked["removed"] == ["sub100"] and not old.exists()
+    assert (store["state"] / "releases" / "sub510").is_dir()
