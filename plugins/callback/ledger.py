@@ -46,6 +46,8 @@ from pathlib import Path
 from ansible import context
 from ansible.plugins.callback import CallbackBase
 
+from ansible_collections.biv100.serving.plugins.filter.probe_summary import probe_summary
+
 LEDGER_FILE = "ledger.jsonl"
 TABLE_FILE = "LEDGER.md"
 COLLECTION = "biv100.serving."
@@ -129,7 +131,7 @@ def _guarded(entry, answer, failed):
 
 def _probed(entry, answer, failed):
     if "summary" in answer:
-        entry["probes"] = answer["summary"]
+        entry["probes"] = probe_summary(answer)
         entry["failed_probes"] = answer.get("failed_probes", [])
 
 

@@ -117,7 +117,8 @@ def test_a_host_failing_its_probes_goes_back_to_the_last_good_release(lab, relea
     assert (lines[broken.name]["state"], lines[broken.name]["submission"]) == ("rolled back", "sub511")
     assert "Probe the engine" in lines[broken.name]["failure"]
     good = lines[lab.hosts[0].name]
-    assert (good["release"], good["state"], good["probes"]) == ("sub511", "good", "49/49 probes passed")
+    assert (good["release"], good["state"]) == ("sub511", "good")
+    assert good["probes"].startswith("49/49 probes passed, median ")
     assert "reasoning/b_parser.py" in good["files_changed"]
     assert {mapping["entry"] for mapping in good["mappings"]} >= {"n-within-max-num-seqs", "thinking-off-for-tools"}
     table = (tmp_path / "ledger" / "LEDGER.md").read_text()
