@@ -24,8 +24,8 @@ def _cli_lines(cli: dict | None) -> list[str]:
     if cli["arguments"] is None:
         return [f"OpenAI-server CLI: unread ({cli['error']}); engine_args are checked against "
                 "vLLM 0.10.1.1's"]
-    return [f"OpenAI-server CLI: {len(cli['arguments'])} arguments, which engine_args are "
-            "checked against"]
+    return [f"OpenAI-server CLI: {len(cli['arguments'])} arguments in its source, which "
+            "engine_args are checked against"]
 
 
 def _registry_line(registry: dict) -> str:

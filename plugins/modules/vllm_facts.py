@@ -51,19 +51,6 @@ options:
         from that copy rather than from the installed file.
     type: path
     default: /var/lib/biv100-serving
-  read_cli:
-    description:
-      - Also ask the interpreter for the argument names of vLLM's OpenAI server, by building its
-        parser (C(make_arg_parser)) without parsing anything, so that engine arguments can be
-        checked against the host's own CLI rather than a release's list.
-      - This imports vLLM, and with it torch, which takes seconds; where the import fails (no
-        GPU stack, an older layout), RV(vllm_facts.cli.error) says why and nothing fails.
-    type: bool
-    default: false
-  cli_timeout:
-    description: Seconds the O(read_cli) import may take.
-    type: int
-    default: 180
 extends_documentation_fragment:
   - ansible.builtin.action_common_attributes
   - ansible.builtin.action_common_attributes.facts
@@ -309,7 +296,9 @@ vllm_facts:
             Qwen3_5ForConditionalGeneration: model_executor/models/qwen3_5.py
     cli:
       description:
-        - The host's own OpenAI-server CLI, with O(read_cli); null without it.
+        - The host's own OpenAI-server CLI, read from the parser's source with C(ast) (literal
+          C(add_argument) calls and the dataclass fields the parser adds one option each for),
+          never by importing vLLM.
       returned: success
       type: dict
       contains:
@@ -323,7 +312,7 @@ vllm_facts:
           description: Why the CLI could not be read; null when it was.
           returned: success
           type: str
-          sample: "ModuleNotFoundError: No module named 'torch'"
+          sample: "neither engine/arg_utils.py nor entrypoints/openai/cli_args.py exists"
 ansible_facts:
   description: The host facts set.
   returned: success
@@ -337,10 +326,10 @@ ansible_facts:
 
 import json
 import os
-import subprocess
 import sys
 
 from ansible.module_utils.basic import AnsibleModule
+from ansible_collections.biv100.serving.plugins.module_utils._vllm_cli import argument_names
 from ansible_collections.biv100.serving.plugins.module_utils._vllm_layout import (
     PROTECTED_FILES,
     SERVING_FILES,
@@ -403,52 +392,6 @@ def probe_interpreter(module, interpreter):
         )
 
 
-# Builds the OpenAI server's parser as vLLM's entry point does, and prints its argument names.
-CLI_PROBE = r"""
-import json
-from vllm.entrypoints.openai.cli_args import make_arg_parser
-try:
-    from vllm.utils import FlexibleArgumentParser as Parser
-except ImportError:
-    try:
-        from vllm.utils.argparse_utils import FlexibleArgumentParser as Parser
-    except ImportError:
-        from argparse import ArgumentParser as Parser
-parser = make_arg_parser(Parser())
-print(json.dumps(sorted(set(action.dest for action in parser._actions if action.option_strings))))
-"""
-
-
-def read_cli(interpreter, package_root, timeout):
-    """{"arguments": [...], "error": None}, or {"arguments": None, "error": why}."""
-    # The package found is the one imported, also for an explicit package_root.
-    env = dict(os.environ, PYTHONPATH=os.path.dirname(package_root))
-    try:
-        done = subprocess.run(
-            # -B: importing writes no __pycache__ into the host's vllm package.
-            [interpreter, "-B", "-c", CLI_PROBE],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            env=env,
-            cwd="/",
-            timeout=timeout,
-            universal_newlines=True,
-        )
-    except subprocess.TimeoutExpired:
-        return {"arguments": None, "error": "building the CLI took more than %d s" % timeout}
-    except OSError as error:
-        return {"arguments": None, "error": "cannot run %s: %s" % (interpreter, error.strerror)}
-    lines = done.stdout.strip().splitlines()
-    try:
-        arguments = json.loads(lines[-1])
-        if done.returncode == 0 and isinstance(arguments, list):
-            return {"arguments": arguments, "error": None}
-    except (IndexError, ValueError):
-        pass
-    errors = done.stderr.strip().splitlines()
-    return {"arguments": None, "error": errors[-1] if errors else "rc %d" % done.returncode}
-
-
 def locate_package(module, interpreter, probe):
     """The absolute vllm package directory: package_root when given, else the probe's."""
     explicit = module.params["package_root"]
@@ -505,8 +448,6 @@ def main():
             package_root=dict(type="path"),
             model_path=dict(type="path"),
             state_dir=dict(type="path", default="/var/lib/biv100-serving"),
-            read_cli=dict(type="bool", default=False),
-            cli_timeout=dict(type="int", default=180),
         ),
         supports_check_mode=True,
     )
@@ -521,11 +462,8 @@ def main():
                               module.params["state_dir"])
     except OSError as error:
         module.fail_json(msg="cannot read %s: %s" % (error.filename, error.strerror))
-    facts["cli"] = (
-        read_cli(interpreter, package_root, module.params["cli_timeout"])
-        if module.params["read_cli"]
-        else None
-    )
+    arguments, why = argument_names(package_root)
+    facts["cli"] = {"arguments": arguments, "error": why}
     module.exit_json(changed=False, vllm_facts=facts, ansible_facts={"vllm_facts": facts})
 
 

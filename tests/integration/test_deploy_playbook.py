@@ -193,7 +193,7 @@ def test_changing_one_argument_restarts_only_the_engine(lab, first_deploy, tmp_p
     ({"engine_args": sub168(tensor_parallel_size=8)}, "engine_args.tensor_parallel_size is 8 but the host has 4 free GPUs"),
     ({"engine_args": sub168(enable_chunked_prefill=False)}, "engine_args.max_num_batched_tokens is 4096, smaller than engine_args.max_model_len 256000"),
     ({"engine_args": sub168(max_model_len=300000)}, "engine_args.max_model_len is 300000, above the model's max_position_embeddings 262144"),
-    ({"engine_args": sub168(max_num_seq=2)}, "engine_args.max_num_seq is not an argument of vLLM 0.10.1.1's OpenAI server"),
+    ({"engine_args": sub168(max_num_seq=2)}, "engine_args.max_num_seq is not an argument of the host's vLLM OpenAI server"),
     ({"engine_allocator": {"expandable_segment": True}}, 'Unrecognized CachingAllocator option: expandable_segment'),
 ], ids=["memory", "dtype", "tp", "batched", "context", "unknown", "allocator"])
 def test_an_invalid_engine_variable_fails_before_anything_changes(lab, first_deploy, tmp_path, extravars, message):

@@ -8,11 +8,11 @@ import platform
 import shutil
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
 from ansible_collections.biv100.serving.plugins.filter.engine_cli_args import (
+    SUB168,
     VLLM_0_10_1_1_ARGUMENTS,
 )
 from ansible_collections.biv100.serving.plugins.modules import vllm_facts
@@ -211,40 +211,19 @@ def test_a_model_without_config_is_reported_not_failed(facts_of, vendor_like_roo
 
 # ---- the host's own CLI ---------------------------------------------------------------------
 
-STANDIN_DIR = Path(__file__).resolve().parents[3] / "lab"
+
+def test_the_cli_is_read_from_the_parser_source_as_the_release_builds_it(facts_of, vllm_trees):
+    """On 0.10.1.1 exactly the names its parser has (the filter's list, itself checked against
+    the stand-in's parser generated from the same source); on the other layouts the Sub168 ones."""
+    read = facts_of(package_root=str(vllm_trees[BASE_VERSION])).result["vllm_facts"]["cli"]
+    assert read["error"] is None and set(read["arguments"]) == set(VLLM_0_10_1_1_ARGUMENTS)
+    for version, tree in vllm_trees.items():
+        arguments = set(facts_of(package_root=str(tree)).result["vllm_facts"]["cli"]["arguments"])
+        assert set(SUB168) | {"model", "served_model_name"} <= arguments, version
 
 
-def test_without_read_cli_the_cli_is_not_read(facts_of, vendor_like_root):
-    assert facts_of(package_root=str(vendor_like_root)).result["vllm_facts"]["cli"] is None
-
-
-def test_where_vllm_cannot_be_imported_the_cli_error_says_why(facts_of, vendor_like_root):
-    # The release tree without torch: the import fails as it does on a host without the GPU stack.
-    failed, result = facts_of(package_root=str(vendor_like_root), read_cli=True)
-
-    assert not failed
-    cli = result["vllm_facts"]["cli"]
-    assert cli["arguments"] is None and "No module named" in cli["error"]
-
-
-def test_the_cli_is_read_from_the_parser_the_package_builds(facts_of, tmp_path):
-    """A vllm package whose make_arg_parser builds the lab stand-in's parser, which is made from
-    0.10.1.1's sources: the names read must be that release's argument list."""
-    package = tmp_path / "site" / "vllm"
-    openai = package / "entrypoints" / "openai"
-    openai.mkdir(parents=True)
-    for folder in (package, package / "entrypoints", openai):
-        (folder / "__init__.py").write_text("")
+def test_a_base_without_the_parser_files_says_so(facts_of, tmp_path):
+    package = tmp_path / "vllm"
     (package / "model_executor" / "models").mkdir(parents=True)
-    (openai / "cli_args.py").write_text(
-        f"import sys\nsys.path.insert(0, {str(STANDIN_DIR)!r})\n"
-        "from engine_standin import cli\n\n"
-        "def make_arg_parser(parser):\n"
-        "    return cli.build_parser(cli.load_flag_table())\n"
-    )
-
-    failed, result = facts_of(package_root=str(package), read_cli=True)
-
-    assert not failed, result.get("msg")
-    assert result["vllm_facts"]["cli"]["error"] is None
-    assert set(result["vllm_facts"]["cli"]["arguments"]) - {"help"} == set(VLLM_0_10_1_1_ARGUMENTS)
+    cli = facts_of(package_root=str(package)).result["vllm_facts"]["cli"]
+    assert cli["arguments"] is None and "neither engine/arg_utils.py" in cli["error"]
