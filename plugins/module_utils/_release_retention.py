@@ -14,6 +14,7 @@ import shutil
 import time
 
 from ansible_collections.biv100.serving.plugins.module_utils._state_store import (
+    first_good,
     fsync_dir,
     read_json,
 )
@@ -31,17 +32,6 @@ def created(record):
         return 0
 
 
-def last_good(store, records, current):
-    release = current
-    seen = set()
-    while release and release in records and release not in seen:
-        seen.add(release)
-        if records[release].get("status") == "good":
-            return release
-        release = records[release].get("previous")
-    return None
-
-
 def plan(store, keep_good, keep_failed_days, now):
     """(kept, removed): release ids, newest first."""
     folder = os.path.join(store.root, "releases")
@@ -54,7 +44,7 @@ def plan(store, keep_good, keep_failed_days, now):
         # A release without its record is an interrupted staging: nothing can roll back to it.
         records[name] = record if record is not None else {"status": "incomplete"}
     current = store.current_release()
-    always = {current, last_good(store, records, current)}
+    always = {current, first_good(current, records.get)}
     newest_first = sorted(records, key=lambda name: (created(records[name]), name), reverse=True)
     proven = [name for name in newest_first if records[name].get("status") in PROVEN]
     kept = []

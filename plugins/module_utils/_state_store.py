@@ -23,6 +23,7 @@ import errno
 import json
 import os
 import tempfile
+import time
 
 DEFAULT_STATE_DIR = "/var/lib/biv100-serving"
 LOCK_NAME = "lock"
@@ -56,6 +57,11 @@ class StateDir(object):
         return os.path.join(self.release_dir(release_id), "files", package_path)
 
     @property
+    def base_index(self):
+        """{package path: sha256 of the vendor's file, or None where the vendor has none}."""
+        return os.path.join(self.root, "base", "index.json")
+
+    @property
     def current(self):
         return os.path.join(self.root, CURRENT_LINK)
 
@@ -67,6 +73,35 @@ class StateDir(object):
             if error.errno in (errno.ENOENT, errno.EINVAL):
                 return None
             raise
+
+
+def utc_timestamp():
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+
+
+def mark_status(record, status, reason, **details):
+    """Set a release record's status and append it, with when and why, to its history."""
+    record["status"] = status
+    record.setdefault("history", []).append(
+        dict(status=status, at=utc_timestamp(), reason=reason, **details)
+    )
+
+
+def first_good(release, record_of):
+    """The first `good` release from `release` back along each record's predecessor, or None.
+
+    `record_of(id)` returns a release's record or None; file times never decide the order.
+    """
+    seen = set()
+    while release and release not in seen:
+        seen.add(release)
+        record = record_of(release)
+        if record is None:
+            return None
+        if record.get("status") == "good":
+            return release
+        release = record.get("previous")
+    return None
 
 
 def fsync_dir(path):

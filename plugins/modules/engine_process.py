@@ -513,14 +513,6 @@ def message(name, manager, action, check_mode, after):
     return "%s is not running" % name
 
 
-def engine_left_by_launcher(module, manager, command):
-    """The pid-file launcher's engine, when another manager now runs the engine: it holds the
-    GPUs and the port, so it must go before the managed one starts."""
-    if manager.name == PidFileManager.name:
-        return None
-    return PidFileManager(module.params, module.run_command).find_own(command)
-
-
 def write_env_file(params):
     atomic_write(params["env_file"], params["env_file_content"].encode("utf-8"), mode=0o600)
 
@@ -532,10 +524,13 @@ def apply(module, manager, action, engine, definition, desired_env, env_file_sta
     after = engine.observed(desired_env) if engine else dict(NOT_RUNNING)
     if env_file_stale:
         write_env_file(params)
-    if action in ("start", "restart"):
-        leftover = engine_left_by_launcher(module, manager, command)
+    if action in ("start", "restart") and manager.name != PidFileManager.name:
+        # An engine the launcher started holds the GPUs and the port: it goes before the
+        # managed one starts.
+        launcher = PidFileManager(params, module.run_command)
+        leftover = launcher.find_own(command)
         if leftover is not None:
-            PidFileManager(params, module.run_command).stop(leftover)
+            launcher.stop(leftover)
     if action in ("stop", "restart"):
         manager.stop(engine)
         after = dict(NOT_RUNNING)

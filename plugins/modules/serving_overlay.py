@@ -131,7 +131,6 @@ import json
 import os
 import shutil
 import tempfile
-import time
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.biv100.serving.plugins.module_utils._state_store import (
@@ -139,13 +138,13 @@ from ansible_collections.biv100.serving.plugins.module_utils._state_store import
     atomic_write,
     read_json,
     switch_symlink,
+    utc_timestamp,
     write_json,
 )
 from ansible_collections.biv100.serving.plugins.module_utils._vllm_layout import sha256_file
 
 # Index of the pristine vendor copies: package path -> sha256 of the vendor's file, or null
 # when the vendor has no such file (the payload added it; going back to base removes it).
-BASE_INDEX = "index.json"
 
 # Compiles each file given on the command line (payload path, file on disk) and prints the
 # errors as JSON; runs under the engine's interpreter, any Python 3.8 or later.
@@ -173,7 +172,7 @@ def current_release(store):
 
 
 def base_index(store):
-    return read_json(os.path.join(store.root, "base", BASE_INDEX), default={})
+    return read_json(store.base_index, default={})
 
 
 def pristine_path(module, store, index, path):
@@ -257,7 +256,7 @@ def keep_pristine_copies(module, store, paths):
             added[path] = None
     if added:
         index.update(added)
-        write_json(os.path.join(store.root, "base", BASE_INDEX), index)
+        write_json(store.base_index, index)
     return sorted(added)
 
 
@@ -349,7 +348,7 @@ def present(module, store):
     record.update(
         id=release,
         status="pending",
-        created_at=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        created_at=utc_timestamp(),
         previous=previous["id"],
         digests=desired,
         files=dict((path, {"before": before[path], "after": desired[path]}) for path in sorted(desired)),

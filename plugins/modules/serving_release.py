@@ -120,12 +120,12 @@ files:
 """
 
 import os
-import time
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.biv100.serving.plugins.module_utils._release_retention import prune
 from ansible_collections.biv100.serving.plugins.module_utils._state_store import (
     StateDir,
+    mark_status,
     read_json,
     write_json,
 )
@@ -188,12 +188,7 @@ def main():
         record.get("engine") != params["engine"])
     if (changed or engine_changed) and not module.check_mode:
         if changed:
-            record["status"] = status
-            record.setdefault("history", []).append({
-                "status": status,
-                "at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-                "reason": params["reason"],
-            })
+            mark_status(record, status, params["reason"])
         if engine_changed:
             record["engine"] = params["engine"]
         write_json(record_path, record)

@@ -101,13 +101,14 @@ engine:
 """
 
 import os
-import time
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.biv100.serving.plugins.module_utils._state_store import (
     StateDir,
     atomic_write,
+    first_good,
     fsync_dir,
+    mark_status,
     read_json,
     switch_symlink,
     write_json,
@@ -116,7 +117,6 @@ from ansible_collections.biv100.serving.plugins.module_utils._vllm_layout import
 
 BASE = "base"
 KEYWORDS = ("previous", "last_good", BASE)
-BASE_INDEX = os.path.join("base", "index.json")
 
 
 class RollbackError(Exception):
@@ -132,17 +132,7 @@ def record_of(store, release):
 
 def previous_good(store, record):
     """The newest good release before `record`, following each record's predecessor."""
-    seen = set()
-    release = record.get("previous")
-    while release and release not in seen:
-        seen.add(release)
-        earlier = read_json(store.release_record(release))
-        if earlier is None:
-            return None
-        if earlier.get("status") == "good":
-            return release
-        release = earlier.get("previous")
-    return None
+    return first_good(record.get("previous"), lambda release: read_json(store.release_record(release)))
 
 
 def resolve_target(store, current, wanted):
@@ -183,7 +173,7 @@ def installed_digest(path):
 
 def plan(store, package_root, target):
     """{path: (desired sha256 or None, source file or None)} of every path that differs."""
-    index = read_json(os.path.join(store.root, BASE_INDEX), default={})
+    index = read_json(store.base_index, default={})
     target_digests = record_of(store, target).get("digests", {}) if target else {}
     changes = {}
     for path in sorted(set(index) | set(target_digests)):
@@ -221,13 +211,7 @@ def mark_replaced(store, release, target, reason):
     record = record_of(store, release)
     if record.get("status") == "failed":
         return
-    record["status"] = "rolled_back"
-    record.setdefault("history", []).append({
-        "status": "rolled_back",
-        "at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        "reason": reason,
-        "to": target or BASE,
-    })
+    mark_status(record, "rolled_back", reason, to=target or BASE)
     write_json(store.release_record(release), record)
 
 
