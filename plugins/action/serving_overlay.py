@@ -47,6 +47,14 @@ class ActionModule(ActionBase):
             raise AnsibleActionFail(f"payload {payload_dir}: {error}") from error
 
         host = self._inventory(facts, state_dir, targets, task_vars)
+        _refuse_unsafe(task_vars.get("inventory_hostname", "?"), targets, host)
+        new_folders = _new_folders(targets, host["files"])
+        if new_folders and self._task.check_mode:
+            # Said in the plan, where a person reads what a deploy is about to do.
+            result.setdefault("warnings", []).extend(
+                f"manifest entry {name!r} creates {', '.join(folders)}, not on the vendor base"
+                for name, folders in sorted(new_folders.items())
+            )
         contents = {target.path: self._content(target, host["files"][target.path]) for target in targets}
         desired = {path: sha256_bytes(data) for path, data in contents.items()}
         # A file an earlier release overlaid that this payload no longer touches goes back to
@@ -60,7 +68,7 @@ class ActionModule(ActionBase):
         current_digest = ((current.get("record") or {}).get("payload_digest"))
         if not stale and current_digest == digest and args.get("release") in (None, current["id"]):
             result.update(changed=False, release=current["id"], changed_files=[], payload_digest=digest,
-                          mappings=current["record"].get("mappings", []))
+                          mappings=current["record"].get("mappings", []), new_folders=new_folders)
             return result
 
         files = [
@@ -87,7 +95,7 @@ class ActionModule(ActionBase):
             },
             task_vars=task_vars,
         )
-        applied.update(payload_digest=digest, mappings=record["mappings"])
+        applied.update(payload_digest=digest, mappings=record["mappings"], new_folders=new_folders)
         result.update(applied)
         return result
 
@@ -126,6 +134,33 @@ class ActionModule(ActionBase):
             return apply_patch(original, target.source.read_text(encoding="utf-8"), filename=target.path).encode("utf-8")
         except PatchError as error:
             raise AnsibleActionFail(f"{label}: {error}") from error
+
+
+def _refuse_unsafe(host_name: str, targets: list[Target], host: dict) -> None:
+    """Fail before anything changes when a destination leads through a link on the host."""
+    unsafe = host.get("unsafe") or {}
+    if not unsafe:
+        return
+    entries = {target.path: f"manifest entry {target.entry.name!r}" for target in targets}
+    reasons = [
+        f"{entries.get(path, 'a file an earlier release overlaid')} ({path}): {why}"
+        for path, why in sorted(unsafe.items())
+    ]
+    raise AnsibleActionFail(
+        f"{host_name}: refusing destinations that lead through the host's own links or are not "
+        f"regular files, nothing changed: {'; '.join(reasons)}",
+        result={"unsafe": unsafe},
+    )
+
+
+def _new_folders(targets: list[Target], files: dict) -> dict[str, list[str]]:
+    """{entry name: folders its files would create that the vendor base lacks}."""
+    folders: dict[str, set[str]] = {}
+    for target in targets:
+        missing = files.get(target.path, {}).get("new_folders")
+        if missing:
+            folders.setdefault(target.entry.name, set()).update(missing)
+    return {name: sorted(paths) for name, paths in folders.items()}
 
 
 def _b64(data: bytes) -> str:

@@ -17,6 +17,10 @@ description:
     (O(state=inventory)), and sends only the files that differ (O(state=present)).
   - O(state=inventory) reports, for each path, the sha256 of the installed file and of its
     pristine vendor copy, and the pristine content of the paths asked for (patch bases).
+  - Every destination is checked on the host one component at a time, and written, removed or
+    read without following a link - a symlink anywhere between the package root and the file,
+    or a destination that is not a regular file, refuses the whole release before anything
+    changes, naming the entry, the path and the link.
   - O(state=present) compiles every Python file it receives with the host's own interpreter,
     keeps the pristine vendor copy of every file before its first overwrite, writes the
     release's files, installs each changed file through a temporary file in its own
@@ -118,6 +122,13 @@ current_release:
   description: The release C(current) pointed at before this run, and its record.
   returned: when the release changed
   type: dict
+new_folders:
+  description:
+    - By manifest entry, the folders its files would create (or created) that the host's vLLM
+      does not have; a check-mode run also warns about each.
+  returned: success
+  type: dict
+  sample: {my-parser: [reasoning/mine/]}
 base_copies_added:
   description: Package paths whose pristine vendor copy was kept by this run.
   returned: when files were installed
@@ -133,18 +144,14 @@ import shutil
 import tempfile
 
 from ansible.module_utils.basic import AnsibleModule
+from ansible_collections.biv100.serving.plugins.module_utils._no_follow import Tree, UnsafePath
 from ansible_collections.biv100.serving.plugins.module_utils._state_store import (
     StateDir,
-    atomic_write,
     read_json,
     switch_symlink,
     utc_timestamp,
     write_json,
 )
-from ansible_collections.biv100.serving.plugins.module_utils._vllm_layout import sha256_file
-
-# Index of the pristine vendor copies: package path -> sha256 of the vendor's file, or null
-# when the vendor has no such file (the payload added it; going back to base removes it).
 
 # Compiles each file given on the command line (payload path, file on disk) and prints the
 # errors as JSON; runs under the engine's interpreter, any Python 3.8 or later.
@@ -161,8 +168,55 @@ print(json.dumps(errors))
 """
 
 
-def digest_or_none(path):
-    return sha256_file(path) if os.path.isfile(path) else None
+class Host(object):
+    """The package and the state store of one host, both reached without following links.
+
+    The base index (StateDir.base_index) maps each package path ever overlaid to the sha256 of
+    the vendor's file, or null when the vendor has none (going back to base removes it).
+    """
+
+    def __init__(self, module):
+        self.module = module
+        self.store = StateDir(module.params["state_dir"])
+        self.package = Tree(module.params["package_root"])
+        self.state = Tree(self.store.root)
+        self.index = read_json(self.store.base_index, default={})
+
+    def base_copy(self, path):
+        """The kept vendor copy of a package path, relative to the state store."""
+        return os.path.relpath(self.store.base_copy(path), self.store.root)
+
+    def release_file(self, release, path):
+        return os.path.relpath(self.store.release_file(release, path), self.store.root)
+
+    def pristine(self, path):
+        """(tree, path) of the vendor's own file: its kept copy once overlaid, else installed."""
+        if path in self.index:
+            return (self.state, self.base_copy(path)) if self.index[path] is not None else None
+        return self.package, path
+
+    def pristine_digest(self, path):
+        where = self.pristine(path)
+        return where[0].digest(where[1]) if where else None
+
+    def check(self, paths):
+        """{path: why} for every path that leads through a link or is not a regular file."""
+        unsafe = {}
+        for path in paths:
+            try:
+                self.package.inspect(path)
+            except UnsafePath as error:
+                unsafe[path] = str(error)
+        return unsafe
+
+    def refuse_unsafe(self, paths):
+        unsafe = self.check(paths)
+        if unsafe:
+            self.module.fail_json(
+                msg="refusing to write through the host's own tree under %s (nothing changed): %s"
+                % (self.module.params["package_root"], "; ".join(unsafe[path] for path in sorted(unsafe))),
+                unsafe=unsafe,
+            )
 
 
 def current_release(store):
@@ -171,31 +225,31 @@ def current_release(store):
     return {"id": release_id, "record": record}
 
 
-def base_index(store):
-    return read_json(store.base_index, default={})
+def inventory(module, host):
+    """Digests of the asked paths and of every path an earlier release overlaid.
 
-
-def pristine_path(module, store, index, path):
-    """The vendor's own file: its kept copy once overlaid, otherwise the installed file."""
-    if path in index:
-        return store.base_copy(path) if index[path] is not None else None
-    return os.path.join(module.params["package_root"], path)
-
-
-def inventory(module, store):
-    """Digests of the asked paths and of every path an earlier release overlaid."""
-    index = base_index(store)
-    files = {}
-    for path in sorted(set(module.params["paths"]) | set(index)):
-        pristine = pristine_path(module, store, index, path)
-        entry = {
-            "current": digest_or_none(os.path.join(module.params["package_root"], path)),
-            "pristine": digest_or_none(pristine) if pristine else None,
-        }
-        if path in module.params["pristine_content"] and entry["pristine"]:
-            entry["pristine_content"] = base64.b64encode(read(pristine)).decode("ascii")
+    A path that leads through a link is reported under `unsafe` instead of being read; a path
+    whose folders the vendor base lacks is reported with the folders a write would create.
+    """
+    files, unsafe = {}, {}
+    for path in sorted(set(module.params["paths"]) | set(host.index)):
+        try:
+            found = host.package.inspect(path)
+            entry = {
+                "current": host.package.digest(path) if found["kind"] == "file" else None,
+                "pristine": host.pristine_digest(path),
+            }
+            if found["missing"]:
+                entry["new_folders"] = found["missing"]
+            if path in module.params["pristine_content"] and entry["pristine"]:
+                tree, name = host.pristine(path)
+                entry["pristine_content"] = base64.b64encode(tree.read(name)).decode("ascii")
+        except UnsafePath as error:
+            unsafe[path] = str(error)
+            continue
         files[path] = entry
-    module.exit_json(changed=False, files=files, overlaid=sorted(index), current_release=current_release(store))
+    module.exit_json(changed=False, files=files, unsafe=unsafe, overlaid=sorted(host.index),
+                     current_release=current_release(host.store))
 
 
 def decoded(module, files):
@@ -240,87 +294,78 @@ def refuse_uncompilable(module, contents):
         )
 
 
-def keep_pristine_copies(module, store, paths):
+def keep_pristine_copies(host, paths):
     """Copy each vendor file aside before its first overwrite; never replace a kept copy."""
-    index = base_index(store)
     added = {}
     for path in paths:
-        if path in index:
+        if path in host.index:
             continue
-        installed = os.path.join(module.params["package_root"], path)
-        if os.path.isfile(installed):
-            with open(installed, "rb") as stream:
-                atomic_write(store.base_copy(path), stream.read())
-            added[path] = sha256_file(store.base_copy(path))
+        data = host.package.read(path)
+        if data is not None:
+            host.state.write(host.base_copy(path), data)
+            added[path] = host.state.digest(host.base_copy(path))
         else:
             added[path] = None
     if added:
-        index.update(added)
-        write_json(store.base_index, index)
+        host.index.update(added)
+        write_json(host.store.base_index, host.index)
     return sorted(added)
 
 
-def read(path):
-    with open(path, "rb") as stream:
-        return stream.read()
-
-
-def plan_changes(module, store, desired, sent):
+def plan_changes(module, host, desired, sent):
     """What each path must become: bytes to write, None to remove; unchanged paths left out.
 
     The controller sends only what the host lacks. A file going back to the vendor's version
     comes from its kept pristine copy, and a file the vendor never had is removed.
     """
-    index = base_index(store)
     changes = {}
     for path, digest in sorted(desired.items()):
-        installed = os.path.join(module.params["package_root"], path)
-        if digest_or_none(installed) == digest:
+        if host.package.digest(path) == digest:
             continue
         if digest is None:
             changes[path] = None
         elif path in sent:
             changes[path] = sent[path]
-        elif index.get(path) == digest:
-            changes[path] = read(store.base_copy(path))
+        elif host.index.get(path) == digest:
+            changes[path] = host.state.read(host.base_copy(path))
         else:
             module.fail_json(msg="%s: the host has no content with sha256 %s and none was sent" % (path, digest))
     return changes
 
 
-def write_release_files(module, store, release, desired):
+def write_release_files(host, release, desired):
     """The release's own copy of every file it installs, for rollback byte for byte."""
     for path, digest in sorted(desired.items()):
         if digest is not None:
-            atomic_write(store.release_file(release, path), read(os.path.join(module.params["package_root"], path)))
+            host.state.write(host.release_file(release, path), host.package.read(path))
 
 
-def install(module, changes):
+def install(host, changes):
     for path, data in sorted(changes.items()):
-        installed = os.path.join(module.params["package_root"], path)
         if data is None:
-            os.unlink(installed)
-            continue
-        mode = os.stat(installed).st_mode & 0o7777 if os.path.exists(installed) else 0o644
-        atomic_write(installed, data, mode)
+            host.package.remove(path)
+        else:
+            host.package.write(path, data)
 
 
-def text_diff(module, changes):
+def text_diff(host, changes):
     before, after = [], []
     for path, data in sorted(changes.items()):
-        installed = os.path.join(module.params["package_root"], path)
-        old = read(installed) if os.path.isfile(installed) else b""
+        old = host.package.read(path) or b""
         before.append("# %s\n%s" % (path, old.decode("utf-8", "replace")))
         after.append("# %s\n%s" % (path, (data or b"").decode("utf-8", "replace")))
     return {"before": "\n".join(before), "after": "\n".join(after),
             "before_header": "installed", "after_header": "release"}
 
 
-def present(module, store):
+def present(module, host):
+    store = host.store
     release = module.params["release"]
     if not release or "/" in release or release.startswith("."):
         module.fail_json(msg="release must be a plain name such as sub510, got %r" % release)
     desired = dict((item["path"], item.get("sha256")) for item in module.params["files"])
+    # Checked again here, not only in the inventory round trip: the tree may have changed since.
+    host.refuse_unsafe(sorted(set(desired) | set(host.index)))
     previous = current_release(store)
     existing = read_json(store.release_record(release))
     if existing is not None and existing.get("digests") != desired:
@@ -328,7 +373,7 @@ def present(module, store):
             msg="release %s already exists on this host with other content; releases are "
             "immutable: deploy under a new id" % release
         )
-    changes = plan_changes(module, store, desired, decoded(module, module.params["files"]))
+    changes = plan_changes(module, host, desired, decoded(module, module.params["files"]))
     if not changes and previous["id"] == release:
         module.exit_json(changed=False, release=release, changed_files=[], current_release=previous)
 
@@ -336,14 +381,23 @@ def present(module, store):
     result = {"changed": True, "release": release, "changed_files": sorted(changes),
               "current_release": previous}
     if module._diff:
-        result["diff"] = text_diff(module, changes)
+        result["diff"] = text_diff(host, changes)
     if module.check_mode:
         module.exit_json(**result)
 
-    before = dict((path, digest_or_none(os.path.join(module.params["package_root"], path))) for path in desired)
-    result["base_copies_added"] = keep_pristine_copies(module, store, sorted(desired))
-    install(module, changes)
-    write_release_files(module, store, release, desired)
+    before = dict((path, host.package.digest(path)) for path in desired)
+    try:
+        result["base_copies_added"] = keep_pristine_copies(host, sorted(desired))
+        install(host, changes)
+        write_release_files(host, release, desired)
+    except UnsafePath as error:
+        # A link that appeared after the check above: whatever was written is whole and the
+        # pristine copies are kept; the release is not recorded, so a re-run starts over.
+        module.fail_json(msg="refusing to write through the host's own tree: %s" % error,
+                         changed_files=sorted(changes))
+    except OSError as error:
+        module.fail_json(msg="staging %s stopped at %s: %s" % (release, error.filename or "?", error.strerror),
+                         changed_files=sorted(changes))
     record = dict(module.params["record"])
     record.update(
         id=release,
@@ -376,10 +430,10 @@ def main():
         required_if=[("state", "present", ("release", "interpreter"))],
         supports_check_mode=True,
     )
-    store = StateDir(module.params["state_dir"])
+    host = Host(module)
     if module.params["state"] == "inventory":
-        inventory(module, store)
-    present(module, store)
+        inventory(module, host)
+    present(module, host)
 
 
 if __name__ == "__main__":

@@ -23,6 +23,9 @@ description:
   - The release replaced is marked C(rolled_back) with the reason, unless it is already
     C(failed). Rolling back to the release already current, with every file in place, changes
     nothing.
+  - Every path is checked on the host one component at a time before anything changes, and
+    written or removed without following a link; a symlink between the package root and a
+    file, or a file that is not a regular one, refuses the whole rollback naming both.
   - Returns the engine settings recorded with the target release, which the caller restarts the
     engine with.
 author:
@@ -44,6 +47,19 @@ options:
     description: Why, recorded in the history of the release replaced.
     type: str
     default: ""
+  base_lacks:
+    description:
+      - The architectures of the served model that the vendor's own registry lacks
+        (RV(biv100.serving.vllm_facts#module:vllm_facts.model.missing_in_base)). When the
+        target is V(base) and this is not empty, the host's vLLM could not serve the model
+        after the rollback, and the task fails before changing anything, unless O(force=true).
+    type: list
+    elements: str
+    default: []
+  force:
+    description: Roll back to V(base) even when O(base_lacks) says the engine could not serve the model there.
+    type: bool
+    default: false
 extends_documentation_fragment:
   - ansible.builtin.action_common_attributes
 attributes:
@@ -103,9 +119,9 @@ engine:
 import os
 
 from ansible.module_utils.basic import AnsibleModule
+from ansible_collections.biv100.serving.plugins.module_utils._no_follow import Tree, UnsafePath
 from ansible_collections.biv100.serving.plugins.module_utils._state_store import (
     StateDir,
-    atomic_write,
     first_good,
     fsync_dir,
     mark_status,
@@ -113,7 +129,6 @@ from ansible_collections.biv100.serving.plugins.module_utils._state_store import
     switch_symlink,
     write_json,
 )
-from ansible_collections.biv100.serving.plugins.module_utils._vllm_layout import sha256_file
 
 BASE = "base"
 KEYWORDS = ("previous", "last_good", BASE)
@@ -157,52 +172,62 @@ def resolve_target(store, current, wanted):
     return previous_good(store, record)
 
 
+def refuse_unservable(params, current, target):
+    """Fail before anything changes when the target is the vendor's files and those cannot
+    serve the model: the engine would not start, and the host would be left with none."""
+    if target is not None or not params["base_lacks"] or params["force"]:
+        return
+    why = "asked for" if params["to"] == BASE else "no release before %s was good" % (current or "it")
+    raise RollbackError(
+        "refusing to roll back to base, the vendor's files (%s): this host's vLLM cannot serve %s "
+        "there (its registry lacks it), so the engine would not start; nothing changed. "
+        "-e serving_rollback_force=true rolls back all the same"
+        % (why, ", ".join(params["base_lacks"]))
+    )
+
+
 def desired_content(store, target, target_digests, index, path):
-    """(sha256 or None for absent, the file holding that content or None)."""
+    """(sha256 or None for absent, the file holding that content, relative to the store)."""
     if target is not None and path in target_digests:
         digest = target_digests[path]
-        return digest, store.release_file(target, path) if digest is not None else None
-    if index.get(path) is None:
+        source = store.release_file(target, path) if digest is not None else None
+    elif index.get(path) is None:
         return None, None  # the vendor has no such file
-    return index[path], store.base_copy(path)
+    else:
+        digest, source = index[path], store.base_copy(path)
+    return digest, os.path.relpath(source, store.root) if source else None
 
 
-def installed_digest(path):
-    return sha256_file(path) if os.path.isfile(path) else None
+def plan(store, package, target):
+    """{path: (desired sha256 or None, source in the store or None)} of every path that differs.
 
-
-def plan(store, package_root, target):
-    """{path: (desired sha256 or None, source file or None)} of every path that differs."""
+    Raises UnsafePath for a path that leads through a link, before anything is written.
+    """
     index = read_json(store.base_index, default={})
     target_digests = record_of(store, target).get("digests", {}) if target else {}
+    kept = Tree(store.root)
     changes = {}
     for path in sorted(set(index) | set(target_digests)):
         digest, source = desired_content(store, target, target_digests, index, path)
-        if installed_digest(os.path.join(package_root, path)) != digest:
-            if digest is not None and (source is None or sha256_file(source) != digest):
+        if package.digest(path) != digest:
+            if digest is not None and kept.digest(source) != digest:
                 raise RollbackError(
                     "the store's copy of %s for %s is missing or damaged (%s)"
-                    % (path, target or "the vendor's files", source)
+                    % (path, target or "the vendor's files", os.path.join(store.root, source))
                 )
             changes[path] = (digest, source)
     return changes
 
 
-def restore(package_root, changes):
+def restore(store, package, changes):
     """Write each file through a temporary file and a rename; check every result by sha256."""
+    kept = Tree(store.root)
     for path, (digest, source) in sorted(changes.items()):
-        installed = os.path.join(package_root, path)
         if digest is None:
-            if os.path.exists(installed):
-                os.unlink(installed)
-                fsync_dir(os.path.dirname(installed))
-            continue
-        with open(source, "rb") as stream:
-            data = stream.read()
-        mode = os.stat(installed).st_mode & 0o7777 if os.path.exists(installed) else 0o644
-        atomic_write(installed, data, mode=mode)
-    wrong = [path for path, (digest, _) in changes.items()
-             if installed_digest(os.path.join(package_root, path)) != digest]
+            package.remove(path)
+        else:
+            package.write(path, kept.read(source))
+    wrong = [path for path, (digest, _) in changes.items() if package.digest(path) != digest]
     if wrong:
         raise RollbackError("after restoring, these files still differ: %s" % ", ".join(sorted(wrong)))
 
@@ -231,16 +256,23 @@ def main():
             package_root=dict(type="path", required=True),
             to=dict(type="str", default="previous"),
             reason=dict(type="str", default=""),
+            base_lacks=dict(type="list", elements="str", default=[]),
+            force=dict(type="bool", default=False),
         ),
         supports_check_mode=True,
     )
     params = module.params
     store = StateDir(params["state_dir"])
+    package = Tree(params["package_root"])
     current = store.current_release()
     try:
         target = resolve_target(store, current, params["to"])
-        changes = plan(store, params["package_root"], target)
+        refuse_unservable(params, current, target)
+        changes = plan(store, package, target)
         engine = (record_of(store, target).get("engine") or {}) if target else {}
+    except UnsafePath as error:
+        module.fail_json(msg="refusing to roll back through the host's own tree under %s, nothing "
+                         "changed: %s" % (params["package_root"], error), from_release=current)
     except RollbackError as error:
         module.fail_json(msg=str(error), from_release=current)
     changed = bool(changes) or target != current
@@ -250,27 +282,31 @@ def main():
         release=target,
         changed_files=sorted(changes),
         engine=engine,
-        msg="%s -> %s: %d file(s) %s"
-        % (current or BASE, target or BASE, len(changes),
-           "would change" if module.check_mode else "changed"),
     )
+    summary = "%s -> %s: %d file(s) %s" % (
+        current or BASE, target or BASE, len(changes), "would change" if module.check_mode else "changed")
     if module._diff:
         result["diff"] = {
             "before": "current: %s\n" % (current or BASE) + "".join(
-                "%s %s\n" % (path, installed_digest(os.path.join(params["package_root"], path)))
-                for path in sorted(changes)),
+                "%s %s\n" % (path, package.digest(path)) for path in sorted(changes)),
             "after": "current: %s\n" % (target or BASE) + "".join(
                 "%s %s\n" % (path, digest) for path, (digest, _) in sorted(changes.items())),
         }
     if changed and not module.check_mode:
         try:
-            restore(params["package_root"], changes)
+            restore(store, package, changes)
             if current is not None and current != target:
                 mark_replaced(store, current, target, params["reason"])
             switch_current(store, target)
-        except (RollbackError, OSError) as error:
-            module.fail_json(msg="rolling back to %s: %s" % (target or BASE, error), **result)
-    module.exit_json(**result)
+        except (RollbackError, UnsafePath, OSError) as error:
+            module.fail_json(msg="rolling back to %s: %s" % (target or BASE, describe(error)), **result)
+    module.exit_json(msg=summary, **result)
+
+
+def describe(error):
+    if isinstance(error, OSError) and error.strerror:
+        return "%s: %s" % (error.filename or "?", error.strerror)
+    return str(error)
 
 
 if __name__ == "__main__":

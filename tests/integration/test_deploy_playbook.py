@@ -292,6 +292,30 @@ def test_a_hostile_payload_is_refused_naming_the_entry_and_nothing_changes(lab, 
     assert host_state(lab) == before
 
 
+def test_a_destination_through_the_hosts_own_link_is_refused_naming_it_and_nothing_changes(lab, first_deploy, tmp_path):
+    """A vendor image may link a serving folder into the model layer: a destination is judged
+    by where it leads on the host, not by its name."""
+    host = lab.hosts[0]
+    link = package_file(host, "entrypoints/openai/linked")
+    link.symlink_to("../../model_executor/models")
+    try:
+        payload = copy_payload(tmp_path)
+        overlay(payload, "through-link", "entrypoints/openai/linked/team_model.py", "X = 1\n")
+        before = host_state(lab)
+        models = sorted(os.listdir(package_file(host, "model_executor/models")))
+        run = run_playbook(DEPLOY, lab.inventory_path, tmp_path, limit=host.name, extravars={
+            "serving_release": "sub667", "stage_payload_dir": str(payload)})
+        assert run.rc != 0 and run.hosts_with("failures") == {host.name}
+        (message,) = run.failure_messages(host.name)
+        for part in (host.name, "manifest entry 'through-link'", "entrypoints/openai/linked/team_model.py",
+                     "entrypoints/openai/linked is a symlink to ../../model_executor/models", "nothing changed"):
+            assert part in message, message
+        assert sorted(os.listdir(package_file(host, "model_executor/models"))) == models
+        assert host_state(lab) == before
+    finally:
+        link.unlink()
+
+
 # --- interruption ---------------------------------------------------------------------------
 
 

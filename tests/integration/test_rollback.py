@@ -160,25 +160,39 @@ def test_rolling_back_twice_goes_one_good_release_further_each_time(lab, release
     assert statuses == {"sub510": "good", "sub511": "rolled_back", "sub513": "rolled_back"}
 
 
-def test_rollback_to_base_puts_back_every_vendor_file(lab, release_a, tmp_path):
+def test_rollback_to_base_puts_back_every_vendor_file_where_the_vendor_serves_the_model(lab, release_a, tmp_path):
     protected = {host.name: protected_baseline(host) for host in lab.hosts}
     unregistered = host_of(lab, "vendor-unregistered")
+    kept = serving_files(unregistered)
+    engine = engine_pids(lab)[unregistered.name]
 
-    run = run_playbook(ROLLBACK, lab.inventory_path, tmp_path, extravars={"serving_rollback_to": "base"})
+    run = run_playbook(ROLLBACK, lab.inventory_path, tmp_path / "base", extravars={"serving_rollback_to": "base"})
 
     for host in lab.hosts:
-        assert serving_files(host) == vendor_files(host)
-        assert not host.path(f"{STATE}/current").is_symlink()
+        if host is not unregistered:
+            assert serving_files(host) == vendor_files(host)
+            assert not host.path(f"{STATE}/current").is_symlink()
         assert protected_baseline(host) == protected[host.name]
     # The vendor's own files serve where the vendor registered the model (without the team's
-    # fixes: the regression probes are left out), and cannot where it did not.
-    assert run.hosts_with("failures") == {unregistered.name}
-    assert any("Qwen3_5ForConditionalGeneration" in text for text in run.failure_messages(unregistered.name))
+    # fixes: the regression probes are left out).
     for host in lab.hosts:
         if host is not unregistered:
             (probed,) = run.results(host.name, PROBE_TASK)
             assert probed["failed_probes"] == [] and "chat-basic" in [p["name"] for p in probed["probes"]]
             assert "n-above-max-num-seqs" not in [p["name"] for p in probed["probes"]]
+    # Where it did not, the rollback is refused before anything changes: the release and its
+    # engine stay.
+    assert run.hosts_with("failures") == {unregistered.name}
+    (refusal,) = run.failure_messages(unregistered.name)
+    assert "refusing to roll back to base, the vendor's files (asked for)" in refusal
+    assert "Qwen3_5ForConditionalGeneration" in refusal and "nothing changed" in refusal
+    assert serving_files(unregistered) == kept and engine_pids(lab)[unregistered.name] == engine
+    assert current_release(unregistered)["id"] == "sub510"
+
+    forced = run_playbook(ROLLBACK, lab.inventory_path, tmp_path / "forced", limit=unregistered.name,
+                          extravars={"serving_rollback_to": "base", "serving_rollback_force": True})
+    assert serving_files(unregistered) == vendor_files(unregistered)
+    assert any("Qwen3_5ForConditionalGeneration" in text for text in forced.failure_messages(unregistered.name))
 
 
 def test_rollback_to_a_named_release_and_again_changes_nothing(lab, release_a, snapshots, tmp_path):

@@ -143,3 +143,47 @@ def test_inventory_reports_digests_and_pristine_content(host, run):
     assert result["files"][NEW_PARSER] == {"current": sha(b"X = 1\n"), "pristine": None}
     assert result["current_release"]["id"] == "sub510"
     assert result["current_release"]["record"]["payload_digest"] == "d-sub510"
+
+
+MODEL_FILE = "model_executor/models/llama.py"
+THROUGH_LINK = "entrypoints/openai/linked/llama.py"
+
+
+@pytest.fixture
+def linked_host(host):
+    """A host whose own tree links a serving-layer folder into the model layer."""
+    models = os.path.join(host["package_root"], "model_executor", "models")
+    os.makedirs(models)
+    with open(os.path.join(models, "llama.py"), "wb") as stream:
+        stream.write(b"# the vendor's model\n")
+    os.symlink("../../model_executor/models", os.path.join(host["package_root"], "entrypoints", "openai", "linked"))
+    return host
+
+
+def test_inventory_reports_a_destination_through_a_link_instead_of_reading_it(linked_host, run):
+    result = run(dict(linked_host, state="inventory", paths=[CHAT, THROUGH_LINK], pristine_content=[]))
+    assert set(result["files"]) == {CHAT}
+    assert result["unsafe"] == {
+        THROUGH_LINK: f"{THROUGH_LINK}: entrypoints/openai/linked is a symlink to ../../model_executor/models"
+    }
+
+
+@pytest.mark.parametrize("path", [THROUGH_LINK, "entrypoints/openai/linked/new_module.py"])
+def test_a_release_through_a_link_is_refused_whole_and_nothing_is_recorded(linked_host, run, path):
+    result = release(run, linked_host, "sub510", {CHAT: (b"# ours\n", True), path: (b"X = 1\n", True)})
+    assert result["failed"] and "entrypoints/openai/linked is a symlink" in result["msg"]
+    assert sorted(os.listdir(os.path.join(linked_host["package_root"], "model_executor", "models"))) == ["llama.py"]
+    assert installed(linked_host, MODEL_FILE) == b"# the vendor's model\n"
+    assert installed(linked_host, CHAT) == VENDOR_CHAT
+    # The pristine-copy index never learns the model file under a serving-layer name.
+    assert not os.path.exists(state(linked_host, "base"))
+
+
+def test_a_file_an_earlier_release_overlaid_is_not_removed_through_a_link_that_appeared_since(host, run):
+    release(run, host, "sub510", {NEW_PARSER: (b"X = 1\n", True)})
+    reasoning = os.path.join(host["package_root"], "reasoning")
+    os.rename(reasoning, reasoning + ".moved")
+    os.symlink("reasoning.moved", reasoning)
+    result = release(run, host, "sub511", {NEW_PARSER: (None, False)})
+    assert result["failed"] and "reasoning is a symlink to reasoning.moved" in result["msg"]
+    assert os.path.exists(os.path.join(reasoning + ".moved", "mine_parser.py"))

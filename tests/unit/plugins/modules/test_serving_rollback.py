@@ -160,3 +160,59 @@ def test_a_damaged_copy_in_the_store_stops_before_any_file_changes(rollback, sto
     failed, result = rollback()
     assert failed and "missing or damaged" in result["msg"] and CHAT in result["msg"]
     assert store.installed() == before and store.current_link() == "sub510"
+
+
+ARCH = "Qwen3_5ForConditionalGeneration"
+
+
+@pytest.mark.parametrize("to, why", [
+    ("base", "(asked for)"),
+    # Nothing good before the only release: last_good lands on the vendor's files.
+    ("last_good", "(no release before sub510 was good)"),
+])
+def test_base_that_cannot_serve_the_model_is_refused_before_anything_changes(rollback, store, to, why):
+    for name in ("sub100", "sub168"):
+        record = store.state / "releases" / name / "release.json"
+        record.write_text(json.dumps(dict(json.loads(record.read_text()), status="failed")))
+    before = store.installed()
+    failed, result = rollback(to=to, base_lacks=[ARCH])
+    assert failed
+    assert f"refusing to roll back to base, the vendor's files {why}" in result["msg"]
+    assert ARCH in result["msg"] and "serving_rollback_force=true" in result["msg"]
+    assert store.installed() == before and store.current_link() == "sub510"
+    assert store.status("sub510") == "pending"
+
+
+def test_force_rolls_back_to_base_all_the_same(rollback, store):
+    assert not rollback(to="base", base_lacks=[ARCH], force=True).failed
+    assert store.installed() == {**VENDOR, PARSER: None} and store.current_link() is None
+
+
+def test_a_good_release_is_rolled_back_to_whatever_the_base_lacks(rollback, store):
+    assert rollback(base_lacks=[ARCH]).result["release"] == "sub168"
+
+
+def test_a_folder_linked_elsewhere_stops_the_rollback_before_any_file_changes(rollback, store):
+    reasoning = store.package / "reasoning"
+    reasoning.rename(store.package / "elsewhere")
+    os.symlink("elsewhere", reasoning)
+    before = (store.package / CHAT).read_bytes()
+    failed, result = rollback()
+    assert failed and "reasoning is a symlink to elsewhere" in result["msg"]
+    assert (store.package / CHAT).read_bytes() == before and store.current_link() == "sub510"
+    assert (store.package / "elsewhere" / "team_parser.py").read_bytes() == b"b parser\n"
+
+
+def test_a_restore_that_fails_midway_reports_what_happened(rollback, store, monkeypatch):
+    """A full disk while restoring: the failure names the file and the error (fail_json once
+    carried msg twice and died with a TypeError instead)."""
+    from ansible_collections.biv100.serving.plugins.module_utils import _no_follow
+
+    def disk_full(self, relative, data, mode=None):
+        raise OSError(28, "No space left on device", os.path.join(self.root, relative))
+
+    monkeypatch.setattr(_no_follow.Tree, "write", disk_full)
+    failed, result = rollback()
+    assert failed and "rolling back to sub168" in result["msg"]
+    assert "No space left on device" in result["msg"] and str(store.package) in result["msg"]
+    assert result["from_release"] == "sub510" and result["changed_files"]
