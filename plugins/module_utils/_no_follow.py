@@ -136,6 +136,7 @@ class Tree(object):
             except BaseException:
                 _unlink_quietly(staged, fd)
                 raise
+            self._sweep_stale(fd, parts[-1])
             os.fsync(fd)
 
     def remove(self, relative):
@@ -226,6 +227,16 @@ class Tree(object):
     def _staged_name(name):
         return ".%s.%d.%s" % (name, os.getpid(), os.urandom(4).hex())
 
+    @staticmethod
+    def _sweep_stale(fd, name):
+        """Remove the temporary files of earlier writes of `name` whose process is gone (a run
+        killed between creating one and renaming it), so that a re-run leaves none behind."""
+        prefix = ".%s." % name
+        for entry in os.listdir(fd):
+            pid = entry[len(prefix):].split(".")[0] if entry.startswith(prefix) else ""
+            if pid.isdigit() and not _running(int(pid)):
+                _unlink_quietly(entry, fd)
+
 
 class _FolderOf(object):
     """The opened folder holding a path's final name (None when absent), closed on exit."""
@@ -270,6 +281,16 @@ def _sha256_fd(fd):
         if not chunk:
             return digest.hexdigest()
         digest.update(chunk)
+
+
+def _running(pid):
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        pass
+    return True
 
 
 def _unlink_quietly(name, fd):

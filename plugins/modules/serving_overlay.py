@@ -333,11 +333,16 @@ def plan_changes(module, host, desired, sent):
     return changes
 
 
-def write_release_files(host, release, desired):
-    """The release's own copy of every file it installs, for rollback byte for byte."""
+def write_release_files(host, release, desired, changes):
+    """The release's own copy of every file it installs, for rollback byte for byte.
+
+    Written before the package changes: a state store that fills up stops the run while every
+    installed file is still the old one.
+    """
     for path, digest in sorted(desired.items()):
         if digest is not None:
-            host.state.write(host.release_file(release, path), host.package.read(path))
+            data = changes[path] if path in changes else host.package.read(path)
+            host.state.write(host.release_file(release, path), data)
 
 
 def install(host, changes):
@@ -388,8 +393,8 @@ def present(module, host):
     before = dict((path, host.package.digest(path)) for path in desired)
     try:
         result["base_copies_added"] = keep_pristine_copies(host, sorted(desired))
+        write_release_files(host, release, desired, changes)
         install(host, changes)
-        write_release_files(host, release, desired)
     except UnsafePath as error:
         # A link that appeared after the check above: whatever was written is whole and the
         # pristine copies are kept; the release is not recorded, so a re-run starts over.

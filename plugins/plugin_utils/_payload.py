@@ -10,12 +10,15 @@ and both run before anything is sent to a host.
 from __future__ import annotations
 
 import hashlib
+import os
 import posixpath
 import re
+import stat
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import yaml
+from ansible_collections.biv100.serving.plugins.module_utils._serving_layer import REGISTRY, SERVING_TREES
 
 KINDS = ("file", "dir", "patch")
 ENTRY_KEYS = {"name", "kind", "src", "dest", "when", "base_sha256", "mapping"}
@@ -27,13 +30,6 @@ SHA256_PATTERN = re.compile(r"^[0-9a-f]{64}$")
 # host's registry (and so must be registered by the payload).
 MODEL_UNREGISTERED = "model_unregistered"
 CONDITIONS = (MODEL_UNREGISTERED,)
-
-# Where serving-layer changes may land, relative to the vllm package root: the OpenAI
-# entrypoints (protocol, chat serving, message pre-processing, CLI args, API server, tool
-# parsers), the reasoning parsers, and the tool parsers' newer home.
-SERVING_TREES = ("entrypoints/", "reasoning/", "tool_parsers/")
-# The one file outside them: the model registry, and only where the base lacks the model.
-REGISTRY = "model_executor/models/registry.py"
 
 
 class PayloadError(Exception):
@@ -115,8 +111,11 @@ def _source(payload_dir: Path, label: str, kind: str, src) -> Path:
             raise PayloadError(f"{label}: src {src} is not a directory")
         for inner in sorted(path.rglob("*")):
             _refuse_symlinks(payload_dir, inner, label)
+            _refuse_special(payload_dir, inner, label)
     elif not path.is_file():
         raise PayloadError(f"{label}: src {src} is not a file in {payload_dir}")
+    else:
+        _refuse_special(payload_dir, path, label)
     return path
 
 
@@ -127,6 +126,37 @@ def _refuse_symlinks(payload_dir: Path, path: Path, label: str) -> None:
         step = payload_dir.joinpath(*relative.parts[:depth])
         if step.is_symlink():
             raise PayloadError(f"{label}: {step.relative_to(payload_dir)} is a symlink; the payload holds only plain files")
+
+
+def _refuse_special(payload_dir: Path, path: Path, label: str) -> None:
+    """Only plain files with UTF-8 names travel: a FIFO would hang the read, a device would ship
+    whatever it yields, a hard link shares its bytes with a file that may lie outside the
+    payload, and a name that is not UTF-8 cannot be named on the host the same way."""
+    relative = path.relative_to(payload_dir)
+    try:
+        str(relative).encode("utf-8")
+    except UnicodeEncodeError:
+        raise PayloadError(
+            f"{label}: {os.fsencode(relative)!r} has a name that is not UTF-8; rename it"
+        ) from None
+    info = path.lstat()
+    if stat.S_ISDIR(info.st_mode):
+        return
+    if not stat.S_ISREG(info.st_mode):
+        raise PayloadError(f"{label}: {relative} is {_special_kind(info.st_mode)}; the payload holds only plain files")
+    if info.st_nlink > 1:
+        raise PayloadError(
+            f"{label}: {relative} is a hard link ({info.st_nlink} names share its content, some may "
+            "lie outside the payload); the payload holds only plain files: copy it"
+        )
+
+
+def _special_kind(mode: int) -> str:
+    for test, name in ((stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a character device"),
+                       (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket")):
+        if test(mode):
+            return name
+    return "not a regular file"
 
 
 def _destination(label: str, kind: str, dest) -> str:

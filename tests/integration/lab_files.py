@@ -10,6 +10,7 @@ from pathlib import Path
 
 import yaml
 
+from lab import descendants  # noqa: F401  (re-exported: the tests find their helpers here)
 from playbook_runs import REPO
 
 STATE = "/var/lib/biv100-serving"
@@ -98,20 +99,3 @@ def overlay(payload: Path, name: str, dest: str, text: str, **extra) -> None:
     source.parent.mkdir(exist_ok=True)
     source.write_text(text)
     add_entry(payload, {"name": name, "kind": "file", "src": f"overlays/{name}", "dest": dest, **extra})
-
-
-def descendants(pid: int) -> list[int]:
-    """The pids of every process below pid, from the parent pids in /proc."""
-    children: dict[int, list[int]] = {}
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except (FileNotFoundError, ProcessLookupError):
-            continue
-        children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
-    found, frontier = [], [pid]
-    while frontier:
-        below = children.get(frontier.pop(), [])
-        found += below
-        frontier += below
-    return found

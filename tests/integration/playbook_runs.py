@@ -44,9 +44,37 @@ class PlaybookRun:
 
 def run_playbook(playbook: str, inventory: Path, tmp_path: Path, *, extravars: dict | None = None,
                  limit: str | None = None, check: bool = False) -> PlaybookRun:
+    runner = ansible_runner.run(**_runner_arguments(playbook, inventory, tmp_path, extravars, limit, check))
+    return _outcome(runner)
+
+
+@dataclass
+class RunningPlaybook:
+    """A playbook run going on in the background, for tests that act on the lab meanwhile."""
+
+    thread: object = field(repr=False)
+    runner: object = field(repr=False)
+
+    def running(self) -> bool:
+        return self.thread.is_alive()
+
+    def wait(self, timeout: float = 600) -> PlaybookRun:
+        self.thread.join(timeout)
+        if self.thread.is_alive():
+            raise TimeoutError(f"the playbook still runs after {timeout} s")
+        return _outcome(self.runner)
+
+
+def start_playbook(playbook: str, inventory: Path, tmp_path: Path, *, extravars: dict | None = None,
+                   limit: str | None = None) -> RunningPlaybook:
+    thread, runner = ansible_runner.run_async(**_runner_arguments(playbook, inventory, tmp_path, extravars, limit, False))
+    return RunningPlaybook(thread, runner)
+
+
+def _runner_arguments(playbook, inventory, tmp_path, extravars, limit, check) -> dict:
     private_data_dir = tmp_path / "runner"
     private_data_dir.mkdir(parents=True)
-    runner = ansible_runner.run(
+    return dict(
         private_data_dir=str(private_data_dir),
         project_dir=str(REPO),
         playbook=str(REPO / playbook),
@@ -58,4 +86,7 @@ def run_playbook(playbook: str, inventory: Path, tmp_path: Path, *, extravars: d
         cmdline="--check" if check else None,
         quiet=True,
     )
+
+
+def _outcome(runner) -> PlaybookRun:
     return PlaybookRun(rc=runner.rc, stats=runner.stats or {}, events=list(runner.events))

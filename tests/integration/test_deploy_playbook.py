@@ -11,6 +11,7 @@ import contextlib
 import hashlib
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -39,7 +40,9 @@ from lab_files import (
     package_file,
     serving_digests,
 )
-from playbook_runs import REPO, run_playbook
+from playbook_runs import REPO, run_playbook, start_playbook
+
+import lab as lab_builder
 
 from ansible_collections.biv100.serving.plugins.filter.engine_cli_args import SUB168 as SUB168_ARGS
 
@@ -316,45 +319,190 @@ def test_a_destination_through_the_hosts_own_link_is_refused_naming_it_and_nothi
         link.unlink()
 
 
+def test_a_model_layer_file_changed_added_or_removed_by_hand_stops_the_deploy_naming_it(lab, first_deploy, tmp_path):
+    """The V1 engine 0.10.1.1 runs by default uses the V1 scheduler: the guard covers every
+    file outside the serving layer, not one location per name of the brief."""
+    edited, added, removed = lab.hosts[0], lab.hosts[1], lab.hosts[2]
+    scheduler = package_file(edited, "v1/core/sched/scheduler.py")
+    newcomer = package_file(added, "model_executor/models/team_model.py")
+    gone = package_file(removed, "model_executor/models/llama.py")
+    originals = {scheduler: scheduler.read_bytes(), gone: gone.read_bytes()}
+    scheduler.write_bytes(originals[scheduler] + b"# tuned by hand\n")
+    newcomer.write_text("X = 1\n")
+    gone.unlink()
+    try:
+        payload = copy_payload(tmp_path)
+        overlay(payload, "would-stage", "reasoning/would_stage_parser.py", "X = 1\n")
+        before = host_state(lab)
+        run = run_playbook(DEPLOY, lab.inventory_path, tmp_path, limit=",".join(h.name for h in (edited, added, removed)),
+                           extravars={"serving_release": "sub669", "stage_payload_dir": str(payload), **ONE_BATCH})
+        assert run.rc != 0 and run.hosts_with("failures") == {edited.name, added.name, removed.name}
+        for host, expected in ((edited, "protected scheduler.py (v1/core/sched/scheduler.py) changed sha256"),
+                               (added, "model_executor/models/team_model.py added"),
+                               (removed, "model_executor/models/llama.py removed")):
+            messages = run.failure_messages(host.name)
+            assert any("model layer changed since first contact (before stage)" in text and expected in text
+                       for text in messages), messages
+        assert host_state(lab) == before
+    finally:
+        for path, data in originals.items():
+            path.write_bytes(data)
+        newcomer.unlink()
+
+
+STAGED_TEMP = re.compile(r"^\..+\.\d+\.[0-9a-f]{8}$")  # a write's temporary file (_no_follow)
+
+
+def temporary_files(host) -> list[str]:
+    return [str(path) for top in (STATE, host.package_root) for path in host.path(top).rglob(".*")
+            if STAGED_TEMP.match(path.name)]
+
+
+def test_a_state_store_that_fills_up_mid_stage_fails_clearly_and_changes_no_installed_file(lab, first_deploy, tmp_path):
+    host = lab.hosts[0]
+    payload = copy_payload(tmp_path)
+    overlay(payload, "big", "entrypoints/openai/big_table.py", "X = 1\n" + "# a table too big for the store\n" * 32000)
+    package_before = {key: sha for key, sha in host_state(lab).items()
+                      if key.startswith(f"{host.name}:") and host.package_root in key}
+    engine = engine_pids(lab)[host.name]
+    current = current_release(host)["id"]
+    # The state store moves onto a tmpfs with 256 KiB to spare: the release's own copy of the
+    # 1 MiB file cannot fit, after the smaller ones were written.
+    subprocess.run(lab.ssh_command(host, f"""set -e
+        used=$(du -sk {STATE} | cut -f1)
+        cp -a {STATE} /root/state-before-full
+        mount -t tmpfs -o size=$((used + 256))k biv100-full {STATE}
+        cp -a /root/state-before-full/. {STATE}/
+        rm -rf /root/state-before-full"""), check=True)
+    try:
+        run = run_playbook(DEPLOY, lab.inventory_path, tmp_path / "full", limit=host.name, extravars={
+            "serving_release": "sub540", "stage_payload_dir": str(payload)})
+        assert run.rc != 0 and run.hosts_with("failures") == {host.name}
+        (message,) = [text for text in run.failure_messages(host.name) if "rolled back to" in text]
+        assert message.startswith(f"{host.name}: the stage phase failed"), message
+        assert f"staging sub540 stopped at {STATE}/releases/sub540/files/" in message
+        assert "No space left on device" in message and "rolled back to" in message
+        # Nothing installed changed, no write left a temporary file, the engine never stopped.
+        assert {key: sha for key, sha in host_state(lab).items()
+                if key.startswith(f"{host.name}:") and host.package_root in key} == package_before
+        assert temporary_files(host) == []
+        assert current_release(host)["id"] == current and engine_pids(lab)[host.name] == engine
+    finally:
+        subprocess.run(lab.ssh_command(host, f"umount {STATE}"), check=True)
+    # With room again, the same deploy goes through.
+    rerun = run_playbook(DEPLOY, lab.inventory_path, tmp_path / "room", limit=host.name, extravars={
+        "serving_release": "sub540", "stage_payload_dir": str(payload)})
+    assert rerun.rc == 0, rerun.stats
+    assert current_release(host)["id"] == "sub540"
+    assert package_file(host, "entrypoints/openai/big_table.py").read_text().startswith("X = 1\n")
+
+
 # --- interruption ---------------------------------------------------------------------------
 
 
-def test_a_deploy_killed_at_any_moment_leaves_whole_files_and_a_rerun_completes_it(lab, first_deploy, tmp_path):
+def many_files_payload(tmp_path) -> tuple[Path, dict[str, str]]:
+    """The shipped payload and 24 more files, so that staging takes long enough to be caught
+    in progress; returns the payload and {path: sha256} of the added files."""
     payload = copy_payload(tmp_path)
-    bodies = {f"part{number}": f"PART = {number}\n" + "# padding\n" * 2000 for number in range(12)}
+    bodies = {f"part{number}": f"PART = {number}\n" + "# padding\n" * 2000 for number in range(24)}
     for name, body in bodies.items():
         overlay(payload, name, f"entrypoints/openai/{name}.py", body)
-    wanted = {f"entrypoints/openai/{name}.py": hashlib.sha256(body.encode()).hexdigest()
-              for name, body in bodies.items()}
+    return payload, {f"entrypoints/openai/{name}.py": hashlib.sha256(body.encode()).hexdigest()
+                     for name, body in bodies.items()}
+
+
+def release_being_staged(host, release):
+    """Whether the host is staging `release` now, read from its own state: the release's own
+    copies are written before its record, which comes last."""
+    folder = host.path(f"{STATE}/releases/{release}")
+    return (folder / "files").exists() and not (folder / "release.json").exists()
+
+
+def first_file_being_installed(host, release, wanted):
+    return (any(package_file(host, path).exists() for path in wanted)
+            and not host.path(f"{STATE}/releases/{release}/release.json").exists())
+
+
+def caught(moment, still_running, timeout=300) -> bool:
+    """Poll `moment` every millisecond while the run goes on; True once it is seen."""
+    deadline = time.monotonic() + timeout
+    while still_running() and time.monotonic() < deadline:
+        if moment():
+            return True
+        time.sleep(0.001)
+    return False
+
+
+def kill_controller(controller: subprocess.Popen) -> None:
+    # ansible-core's workers leave the controller's session, so they are found by parentage
+    # before the kill and ended by their recorded pids along with it.
+    workers = descendants(controller.pid)
+    os.killpg(controller.pid, signal.SIGKILL)
+    for pid in workers:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    controller.wait()
+
+
+def test_a_host_whose_sshd_dies_mid_stage_is_reported_unreachable_while_the_others_finish(lab, first_deploy, tmp_path):
+    lost = lab.hosts[1]
+    others = [host for host in lab.hosts if host is not lost]
+    payload, wanted = many_files_payload(tmp_path)
+    deploy = {"serving_release": "sub550", "stage_payload_dir": str(payload), **ONE_BATCH}
+    running = start_playbook(DEPLOY, lab.inventory_path, tmp_path / "cut", extravars=deploy)
+    seen = caught(lambda: release_being_staged(lost, "sub550"), running.running)
+    try:
+        if seen:
+            lab_builder.stop_sshd(lost, lab.dir)
+        run = running.wait()
+        assert seen, f"staging on {lost.name} was not caught in progress"
+        assert run.hosts_with("dark") == {lost.name} and not run.hosts_with("failures"), run.stats
+        for host in others:
+            assert (current_release(host)["id"], current_release(host)["status"]) == ("sub550", "good")
+        for path, sha in wanted.items():
+            assert digest(package_file(lost, path)) in (None, sha), path
+    finally:
+        lab_builder.start_sshd(lost, lab.dir)
+    # Back on the network, the host is brought to the release the others run.
+    rerun = run_playbook(DEPLOY, lab.inventory_path, tmp_path / "back", limit=lost.name, extravars=deploy)
+    assert rerun.rc == 0, rerun.stats
+    assert (current_release(lost)["id"], current_release(lost)["status"]) == ("sub550", "good")
+    assert all(digest(package_file(lost, path)) == sha for path, sha in wanted.items())
+    assert temporary_files(lost) == []
+
+
+def test_a_deploy_killed_inside_staging_leaves_whole_files_and_a_rerun_completes_it(lab, first_deploy, tmp_path):
+    payload, wanted = many_files_payload(tmp_path)
     old = serving_digests(lab)
-    command = [str(Path(sys.executable).with_name("ansible-playbook")), DEPLOY, "-i", str(lab.inventory_path),
-               "-e", "serving_release=sub520", "-e", f"stage_payload_dir={payload}",
-               "-e", json.dumps(ONE_BATCH)]
-    env = dict(os.environ, ANSIBLE_CONFIG=str(REPO / "ansible.cfg"),
-               BIV100_LEDGER_DIR=str(tmp_path / "ledger"))
-    for delay in (2.0, 3.0, 4.0):
+    env = dict(os.environ, ANSIBLE_CONFIG=str(REPO / "ansible.cfg"), BIV100_LEDGER_DIR=str(tmp_path / "ledger"))
+    watched = lab.hosts[0]
+    moments = [
+        ("sub560", "the first payload file is installed", lambda: first_file_being_installed(watched, "sub560", wanted)),
+        # The files are all there by now (or whole, or absent): another release of the same
+        # payload, caught while the host writes the release's own copies of them.
+        ("sub561", "the release's own copies are being written", lambda: release_being_staged(watched, "sub561")),
+    ]
+    for release, moment, under_way in moments:
+        command = [str(Path(sys.executable).with_name("ansible-playbook")), DEPLOY, "-i", str(lab.inventory_path),
+                   "-e", f"serving_release={release}", "-e", f"stage_payload_dir={payload}",
+                   "-e", json.dumps(ONE_BATCH)]
         controller = subprocess.Popen(command, cwd=REPO, env=env, stdout=subprocess.DEVNULL,
                                       stderr=subprocess.DEVNULL, start_new_session=True)
-        time.sleep(delay)
-        # ansible-core's workers leave the controller's session, so they are found by parentage
-        # before the kill and ended by their recorded pids along with it.
-        workers = descendants(controller.pid)
-        os.killpg(controller.pid, signal.SIGKILL)
-        for pid in workers:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
-        controller.wait()
+        seen = caught(under_way, lambda: controller.poll() is None)
+        kill_controller(controller)
+        # The kill landed while the watched host was staging, not before or after it.
+        assert seen, f"{moment}: staging on {watched.name} was not caught in progress"
         for host in lab.hosts:
             for path, sha in wanted.items():
-                assert digest(package_file(host, path)) in (None, sha), (delay, host.name, path)
+                assert digest(package_file(host, path)) in (None, sha), (moment, host.name, path)
         for key, sha in serving_digests(lab).items():
             assert sha == old[key], key  # the shipped patches were already installed
     # The killed runs' locks are stale (their controller process is gone): taken over, not refused.
-    again = {"serving_release": "sub520", "stage_payload_dir": str(payload), **ONE_BATCH}
+    again = {"serving_release": "sub561", "stage_payload_dir": str(payload), **ONE_BATCH}
     rerun = run_playbook(DEPLOY, lab.inventory_path, tmp_path, extravars=again)
     assert rerun.rc == 0, rerun.stats
     for host in lab.hosts:
-        assert current_release(host)["id"] == "sub520"
+        assert current_release(host)["id"] == "sub561"
         for path, sha in wanted.items():
             assert digest(package_file(host, path)) == sha
 

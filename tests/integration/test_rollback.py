@@ -205,3 +205,22 @@ def test_rollback_to_a_named_release_and_again_changes_nothing(lab, release_a, s
     again = run_playbook(ROLLBACK, lab.inventory_path, tmp_path / "again", limit=lab.hosts[0].name,
                          extravars={"serving_rollback_to": "sub510"})
     assert again.rc == 0 and not again.hosts_with("changed"), again.stats
+
+
+def test_an_engine_that_dies_after_it_was_healthy_is_rolled_back_and_serves_again(lab, release_a, snapshots, tmp_path):
+    host = lab.hosts[0]
+    before = engine_pids(lab)[host.name]
+    # Healthy, then dead after its third chat answer: in the middle of the probes.
+    dying = {"standin_env": STANDIN_ENV, "engine_env": "{{ standin_env | combine({'BIV100_STANDIN_CRASH_AFTER': '3'}) }}"}
+
+    run = run_playbook(DEPLOY, lab.inventory_path, tmp_path, limit=host.name, extravars={
+        "serving_release": "sub530", "stage_payload_dir": str(payload_with(tmp_path, "dying")), **dying})
+
+    assert run.rc != 0 and run.hosts_with("failures") == {host.name}
+    (message,) = [text for text in run.failure_messages(host.name) if "rolled back to" in text]
+    assert message.startswith(f"{host.name}: the probes phase failed")
+    assert "rolled back to sub510, engine healthy, 49/49 probes passed" in message
+    assert same_as(host, snapshots[host.name, "sub510"]) and current_release(host)["id"] == "sub510"
+    # A new engine, started with sub510's recorded settings (no crash), serves.
+    assert engine_pids(lab)[host.name] != before
+    assert "BIV100_STANDIN_CRASH_AFTER" not in current_release(host)["engine"].get("env", {})

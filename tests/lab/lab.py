@@ -150,6 +150,9 @@ class LabDir:
     def sshd_log(self, index: int) -> Path:
         return self.host(index) / "sshd.log"
 
+    def keeper_pid_file(self, index: int) -> Path:
+        return self.host(index) / "keeper.pid"
+
     def built_host_indices(self) -> list[int]:
         if not self.hosts.is_dir():
             return []
@@ -172,7 +175,10 @@ class LabHost:
     supervisorctl: str | None  # host view; None on hosts without supervisord
     package_sha256: dict[str, str]  # path relative to package_root -> sha256, as built
     tree: str  # the root-namespace folder that mirrors the host's private mounts
-    sshd_pid: int
+    sshd_pid: int  # as built; stop_sshd and start_sshd change it (load() has the current one)
+    # A process that holds the host's mount and UTS namespaces for as long as the lab is up, so
+    # that the host keeps its files and /run while its sshd is down.
+    namespace_pid: int = 0
 
     @property
     def model_paths(self) -> dict[str, str]:
@@ -183,13 +189,13 @@ class LabHost:
 
         Only the host's private paths have such a place: the folders in
         host_tree.PRIVATE_MOUNTS (in the host's tree) and /run (the tmpfs of the host's mount
-        namespace, reachable while its sshd runs).
+        namespace, held by its keeper process even while its sshd is down).
         """
         normalized = os.path.normpath(host_path)
         if not os.path.isabs(normalized):
             raise ValueError(f"{host_path!r} is not an absolute path")
         if _is_under(normalized, "/run"):
-            return Path(f"/proc/{self.sshd_pid}/root{normalized}")
+            return Path(f"/proc/{self.namespace_pid or self.sshd_pid}/root{normalized}")
         if any(_is_under(normalized, mount) for mount in host_tree.PRIVATE_MOUNTS):
             return host_tree.in_tree(Path(self.tree), normalized)
         raise ValueError(
@@ -262,6 +268,58 @@ def down(lab_dir: str | Path | None = None) -> None:
         _refuse_lab_owned_elsewhere(layout)
         if not _teardown(layout):
             log.info("no lab is up in %s: nothing to take down", layout.root)
+
+
+def stop_sshd(host: LabHost, lab_dir: str | Path | None = None) -> list[int]:
+    """Kill the host's sshd and every session it runs (SIGKILL), as a host that drops off the
+    network mid-run; what the sessions started and left running (the engine) stays.
+
+    Returns the pids killed. The host keeps its files: its keeper holds its namespaces.
+    """
+    layout = LabDir(resolve_lab_dir(lab_dir))
+    pid = _recorded_pid(layout.pid_file(host.index))
+    if not (pid and _is_our_sshd(pid, layout, host.index)):
+        raise LabError(f"{host.name}'s sshd is not running")
+    if not (host.namespace_pid and is_running(host.namespace_pid)):
+        raise LabError(f"{host.name} has no keeper holding its namespaces: rebuild the lab")
+    killed = [pid, *descendants(pid)]
+    _signal(killed, signal.SIGKILL)
+    _wait_for_exit(killed, STOP_GRACE_SECONDS)
+    return killed
+
+
+def start_sshd(host: LabHost, lab_dir: str | Path | None = None) -> int:
+    """Start the host's sshd again in its own namespaces; return its pid once it serves."""
+    layout = LabDir(resolve_lab_dir(lab_dir))
+    spec = host_tree.HostSpec(host.index, host.name, host.variant, host.gpu_count,
+                              supervisord=runs_supervisord(host.index))
+    layout.pid_file(host.index).unlink(missing_ok=True)
+    _run(["nsenter", f"--target={host.namespace_pid}", "--mount", "--uts", "--net", "--",
+          "sh", "-c", _sshd_command(layout, host.index)])
+    pid = _wait_until_serving(layout, spec)
+    record = _read_record(layout)
+    for described in record["hosts"]:
+        if described["name"] == host.name:
+            described["sshd_pid"] = pid
+    _write_record(layout, record)
+    return pid
+
+
+def descendants(pid: int) -> list[int]:
+    """Every process below pid, from the parent pids in /proc."""
+    children: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except (FileNotFoundError, ProcessLookupError):
+            continue
+        children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
+    found, frontier = [], [pid]
+    while frontier:
+        below = children.get(frontier.pop(), [])
+        found += below
+        frontier += below
+    return found
 
 
 def load(lab_dir: str | Path | None = None) -> Lab:
@@ -474,7 +532,7 @@ def _build(layout: LabDir, gpu_counts: list[int]) -> Lab:
     hosts = [
         LabHost(name=spec.name, index=spec.index, ip=host_ip(spec.index), variant=spec.variant,
                 gpu_count=spec.gpu_count, tree=str(layout.tree(spec.index)), sshd_pid=pid,
-                **description)
+                namespace_pid=_recorded_pid(layout.keeper_pid_file(spec.index)), **description)
         for spec, description, pid in zip(specs, built, sshd_pids)
     ]
     lab = Lab(dir=layout.root, inventory_path=INVENTORY_PATH, hosts=hosts)
@@ -624,9 +682,16 @@ def _launch_script(layout: LabDir, spec: host_tree.HostSpec) -> str:
         # empties.
         *([host_tree.SUPERVISORD_COMMAND] if spec.supervisord else []),
         "mkdir -p /run/sshd",  # sshd's privilege separation folder
-        f"exec /usr/sbin/sshd -f {layout.sshd_config(spec.index)} "
-        f"-E {layout.sshd_log(spec.index)}",
+        # The keeper holds the namespaces so that a host whose sshd is stopped (stop_sshd)
+        # keeps its mounts and can have its sshd started again in them.
+        f"sleep infinity </dev/null >/dev/null 2>&1 & echo $! > {layout.keeper_pid_file(spec.index)}",
+        _sshd_command(layout, spec.index, exec_=True),
     ])
+
+
+def _sshd_command(layout: LabDir, index: int, exec_: bool = False) -> str:
+    return (f"{'exec ' if exec_ else ''}/usr/sbin/sshd -f {layout.sshd_config(index)} "
+            f"-E {layout.sshd_log(index)}")
 
 
 def _wait_until_serving(layout: LabDir, spec: host_tree.HostSpec) -> int:

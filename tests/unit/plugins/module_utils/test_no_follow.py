@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import os
 import stat
+import subprocess
 
 import pytest
 
@@ -94,3 +95,18 @@ def test_a_remove_takes_only_the_regular_file(package):
     assert tree.remove(SERVING) is True
     assert tree.remove(SERVING) is False
     assert not (package / SERVING).exists()
+
+
+def test_a_write_sweeps_the_temporary_files_a_killed_run_left_of_the_same_name(package):
+    folder = package / "entrypoints" / "openai"
+    dead = _a_dead_pid()
+    (folder / f".serving_chat.py.{dead}.0badc0de").write_bytes(b"half")
+    (folder / f".serving_chat.py.{os.getpid()}.0badc0de").write_bytes(b"ours, in progress")
+    Tree(str(package)).write(SERVING, b"ours\n")
+    assert sorted(os.listdir(folder)) == [f".serving_chat.py.{os.getpid()}.0badc0de", "serving_chat.py"]
+
+
+def _a_dead_pid() -> int:
+    child = subprocess.Popen(["true"])
+    child.wait()
+    return child.pid

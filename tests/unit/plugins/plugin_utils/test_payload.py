@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import copy
 import hashlib
+import os
+import stat
 import textwrap
 
 import pytest
@@ -217,6 +219,37 @@ def test_a_symlink_inside_a_dir_entry_is_refused(payload):
           - {name: parsers, kind: dir, src: reasoning, dest: reasoning/}
     """)
     with pytest.raises(PayloadError, match="reasoning/sneaky.py is a symlink"):
+        load_manifest(payload)
+
+
+PARSERS = """\
+    entries:
+      - {name: parsers, kind: dir, src: reasoning, dest: reasoning/}
+"""
+
+
+@pytest.mark.parametrize("make, message", [
+    (lambda folder: os.mkfifo(folder / "pipe.py"), "manifest entry 'parsers': reasoning/pipe.py is a FIFO"),
+    # A character device, made the way a hostile checkout would leave one: a node of /dev/null.
+    (lambda folder: os.mknod(folder / "null.py", 0o600 | stat.S_IFCHR, os.makedev(1, 3)),
+     "manifest entry 'parsers': reasoning/null.py is a character device"),
+    (lambda folder: os.link(folder / "mine_parser.py", folder / "twin_parser.py"),
+     "manifest entry 'parsers': reasoning/mine_parser.py is a hard link (2 names"),
+    (lambda folder: (folder / os.fsdecode(b"caf\xe9_parser.py")).write_text("X = 2\n"),
+     "manifest entry 'parsers': b'reasoning/caf\\xe9_parser.py' has a name that is not UTF-8"),
+])
+def test_only_plain_files_with_utf8_names_travel(payload, make, message):
+    make(payload / "reasoning")
+    write_manifest(payload, PARSERS)
+    with pytest.raises(PayloadError) as error:
+        load_manifest(payload)
+    assert message in str(error.value)
+
+
+def test_a_file_entry_that_is_a_hard_link_is_refused(payload):
+    os.link(payload / "overlays" / "serving_chat.py", payload / "chat-twin.py")
+    write_manifest(payload, CHAT)
+    with pytest.raises(PayloadError, match="overlays/serving_chat.py is a hard link"):
         load_manifest(payload)
 
 

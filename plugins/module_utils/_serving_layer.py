@@ -1,0 +1,24 @@
+# -*- coding: utf-8 -*-
+# Copyright: biv100.serving maintainers
+# Apache License 2.0 (see LICENSE)
+"""Where the serving layer ends inside the vllm package, and so where the model layer begins.
+
+Runs on the host: standard library only, Python 3.8. One definition for both sides of the
+collection: the controller refuses a payload entry outside the serving layer
+(plugin_utils/_payload.py), and the guard on the host treats everything outside it as the model
+layer (modules/model_guard.py). Paths are relative to the package root and use "/".
+"""
+
+from __future__ import annotations
+
+# Where serving-layer changes may land: the OpenAI entrypoints (protocol, chat serving, message
+# pre-processing, CLI args, API server, tool parsers), the reasoning parsers, and the tool
+# parsers' newer home.
+SERVING_TREES = ("entrypoints/", "reasoning/", "tool_parsers/")
+# The one file outside them: the model registry, and only where the base lacks the model.
+REGISTRY = "model_executor/models/registry.py"
+
+
+def in_serving_trees(path):
+    """Whether a package path (a file, or a folder without its trailing "/") is in one of them."""
+    return (path + "/").startswith(SERVING_TREES)
