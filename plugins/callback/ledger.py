@@ -19,8 +19,12 @@ description:
   - At the end of every run of the collection's playbooks, appends one JSON line per host to
     C(ledger.jsonl) - time, playbook, submission id, release and its state, payload digest,
     files changed, guard result, probe summary, engine arguments, the mappings (idea, place in
-    the base, kind of change) the release carries, the rollback if any, and the first failure -
-    and regenerates C(LEDGER.md), a Markdown table of all lines.
+    the base, kind of change) the release carries, the rollback if any, and the first failure
+    with the engine's log tail when it has one - and regenerates C(LEDGER.md), a Markdown table
+    of all lines.
+  - The end-of-run lines and the table keep one line per host; a failure in them is its first
+    line, cut at 240 characters. The engine's environment, which holds the clients' key, is
+    never recorded, and the value of an C(--api-key) argument is masked.
   - Hosts on which no module of the collection ran (a facts-only run) get no line; check-mode
     runs get none.
 requirements:
@@ -51,6 +55,13 @@ from ansible_collections.biv100.serving.plugins.filter.probe_summary import prob
 LEDGER_FILE = "ledger.jsonl"
 TABLE_FILE = "LEDGER.md"
 COLLECTION = "biv100.serving."
+
+# How much of a failure the end-of-run line and a table cell show: its first line, at most
+# this long. ledger.jsonl keeps all of it, and a failed engine start's log tail beside it.
+SHOWN_FAILURE_CHARS = 240
+
+# Engine options whose value is a secret: the ledger records that they were given, not the value.
+SECRET_OPTIONS = ("--api-key",)
 
 
 class CallbackModule(CallbackBase):
@@ -83,7 +94,10 @@ class CallbackModule(CallbackBase):
         answer = result._result
         entry = self._hosts.setdefault(result._host.get_name(), {})
         if failed and "failure" not in entry:
-            entry["failure"] = f"{result._task.get_name()}: {str(answer.get('msg', ''))[:300]}"
+            entry["failure"] = f"{result._task.get_name()}: {answer.get('msg', '')}"
+            if answer.get("log_tail"):
+                # A failed engine start's own words, for the post-mortem.
+                entry["failure_log_tail"] = answer["log_tail"]
         if not action.startswith(COLLECTION):
             return
         record = RECORDERS.get(action[len(COLLECTION):])
@@ -138,8 +152,25 @@ def _probed(entry, answer, failed):
 def _engine(entry, answer, failed):
     argv = answer.get("command") or []
     if argv:
-        # What follows the interpreter and `-m <module>` (or the program).
-        entry["engine_args"] = argv[3:] if argv[1:2] == ["-m"] else argv[1:]
+        # What follows the interpreter and `-m <module>` (or the program). The engine's
+        # environment, which holds the clients' key, is never recorded.
+        entry["engine_args"] = without_secrets(argv[3:] if argv[1:2] == ["-m"] else argv[1:])
+
+
+def without_secrets(arguments: list) -> list:
+    """The arguments with the value of every secret option replaced by a mask."""
+    shown = []
+    masks_next = False
+    for argument in arguments:
+        name, sep, _value = str(argument).partition("=")
+        if masks_next:
+            shown.append("********")
+        elif sep and name in SECRET_OPTIONS:
+            shown.append(f"{name}=********")
+        else:
+            shown.append(argument)
+        masks_next = not sep and argument in SECRET_OPTIONS
+    return shown
 
 
 def _marked(entry, answer, failed):
@@ -167,16 +198,32 @@ RECORDERS = {
 
 
 def outcome_line(entry: dict | None) -> str:
+    """A host's release and state on one line, whatever its failure message holds."""
     if not entry:
         return "untouched"
     parts = [f"{entry.get('release') or 'no release'} {entry.get('state') or 'pending'}"]
-    if isinstance(entry.get("rollback"), dict):
-        parts.append(f"rolled back from {entry['rollback']['from'] or 'base'}")
+    rollback = entry.get("rollback")
+    if isinstance(rollback, dict):
+        parts.append(f"rolled back from {rollback['from'] or 'base'}")
+    elif rollback:
+        parts.append(f"rollback {one_line(rollback)}")
     if entry.get("probes"):
-        parts.append(entry["probes"])
+        parts.append(one_line(entry["probes"]))
     if entry.get("failure"):
-        parts.append(f"failed at {entry['failure']}")
+        parts.append(f"failed at {one_line(entry['failure'])}")
     return "; ".join(parts)
+
+
+def one_line(text, limit: int = SHOWN_FAILURE_CHARS) -> str:
+    """The first non-blank line of text, cut to limit; saying so when lines or text were left out."""
+    lines = [line.strip() for line in str(text).splitlines() if line.strip()]
+    if not lines:
+        return ""
+    first = lines[0]
+    more = f" [+{len(lines) - 1} lines]" if len(lines) > 1 else ""
+    if len(first) + len(more) > limit:
+        first = first[:max(0, limit - len(more) - 3)].rstrip() + "..."
+    return first + more
 
 
 # --- the files -----------------------------------------------------------------------------------
@@ -208,8 +255,9 @@ def table_row(line: dict) -> list[str]:
                          for m in line.get("mappings") or [])
     return [line.get("time", ""), line.get("host", ""), line.get("playbook") or "",
             line.get("submission") or "", line.get("release") or "", line.get("state") or "",
-            str(len(line.get("files_changed") or [])), (line.get("guard") or "")[:60],
-            line.get("probes") or "", rollback or "", mappings, line.get("failure") or ""]
+            str(len(line.get("files_changed") or [])), one_line(line.get("guard") or "", 60),
+            one_line(line.get("probes") or ""), one_line(rollback or ""), mappings,
+            one_line(line.get("failure") or "")]
 
 
 def write_table(path: Path, lines: list[dict]) -> None:

@@ -19,10 +19,13 @@ def computility_run(
     port: int,
     host: str = "0.0.0.0",
     python: str = "python",
+    secret_env: list | tuple = (),
 ) -> dict:
     """Return the run file's document, to be written with to_nice_yaml:
 
     env         the engine's environment, every value a string (as the process will see it)
+    secret_env  (when given) the names of the variables whose values the platform supplies
+                from its own secrets: the file is shared and committed, so it names them only
     parameters  every engine argument with its typed value, the launch ones included
     command     the argv that starts the engine, rendered from parameters by engine_cli_args
     """
@@ -33,12 +36,24 @@ def computility_run(
         "port": port,
     }
     _refuse_second_values(engine_args, launch)
+    _refuse_secret_values(env, secret_env)
     parameters = {**engine_args, **launch}
-    return {
-        "env": {name: _env_text(name, value) for name, value in env.items()},
-        "parameters": parameters,
-        "command": [python, "-m", API_SERVER_MODULE, *engine_cli_args(parameters)],
-    }
+    document = {"env": {name: _env_text(name, value) for name, value in env.items()}}
+    if secret_env:
+        document["secret_env"] = sorted(set(secret_env))
+    document["parameters"] = parameters
+    document["command"] = [python, "-m", API_SERVER_MODULE, *engine_cli_args(parameters)]
+    return document
+
+
+def _refuse_secret_values(env: dict, secret_env) -> None:
+    """A secret's value must not be written into the run file: it names the secret only."""
+    carried = sorted(set(env) & set(secret_env))
+    if carried:
+        raise AnsibleFilterError(
+            f"env carries the value of the secret {', '.join(carried)}: the run file names "
+            f"secrets in secret_env and carries none"
+        )
 
 
 def _refuse_second_values(engine_args: dict, launch: dict) -> None:

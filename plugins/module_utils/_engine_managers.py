@@ -26,9 +26,9 @@ from ansible_collections.biv100.serving.plugins.module_utils._engine_process imp
     environment,
     group_members,
     is_alive,
-    log_tail,
     process_stat,
     started_at,
+    with_log_tail,
 )
 from ansible_collections.biv100.serving.plugins.module_utils._state_store import (
     atomic_write,
@@ -236,12 +236,8 @@ def write_start_header(log_file, name, command):
 
 
 def start_failure(params, message, **extra):
-    tail = log_tail(params["log_file"])
-    return EngineError(
-        "%s; log tail (%s):\n%s" % (message, params["log_file"], "\n".join(tail)),
-        log_tail=tail,
-        **extra
-    )
+    message, tail = with_log_tail(message, params["log_file"])
+    return EngineError(message, log_tail=tail, **extra)
 
 
 # --- the managers ----------------------------------------------------------------------------

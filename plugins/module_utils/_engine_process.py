@@ -108,22 +108,131 @@ def group_members(pgid):
 # The line engine_process writes to the log before each start ("--- <time> <name> starts: ...").
 START_HEADER = re.compile(r"^--- \S+ \S+ starts: ")
 
+# The longest a tail line may be; longer ones are cut, saying how much was left out.
+LOG_LINE_CHARS = 300
 
-def log_tail(path, lines=LOG_TAIL_LINES):
-    """The last lines of a log file from its last start on, [] when it does not exist.
+# Lines that say nothing about why a start failed: the access log of the health polls that
+# wait for it (uvicorn's and http.server's formats), progress bars, throughput reports.
+NOISE = (
+    re.compile(r'"(?:GET|HEAD) /(?:health|ping|v1/models|version|metrics)[?/ ][^"]*HTTP/[0-9.]+" \d{3}\b'),
+    re.compile(r"\b\d{1,3}%(?:\s+Completed)?\s*\|.*\b\d+/\d+\b"),
+    re.compile(r"\bAvg prompt throughput: "),
+)
 
-    An earlier run's output says nothing about why this start failed, so the tail begins at
-    the last start header when there is one among the lines read.
-    """
+TRACEBACK = re.compile(r"Traceback \(most recent call last\):\s*$")
+# What Python prints between the tracebacks of one chain of exceptions.
+CHAINED = (
+    "The above exception was the direct cause of the following exception:",
+    "During handling of the above exception, another exception occurred:",
+)
+# An error line: logged at ERROR or above (vLLM's `ERROR 11-29 18:00:04 [file.py:1] ...`, a
+# worker's `(VllmWorkerProcess pid=7) ERROR ...`, the logging module's `<date> <time> ERROR`),
+# a Python exception's last line, or argparse's refusal of an argument.
+ERROR_LINE = re.compile(
+    r"^(?:\([^)]*\)\s*)?(?:\S+ \S+ )?\[?(?:ERROR|CRITICAL|FATAL)\b"
+    r"|^\s*(?:[\w.]+\.)?\w*(?:Error|Exception)(?::|$)"
+    r"|^[\w./ -]+: error: "
+)
+
+
+def read_log_end(path):
+    """The lines of the last LOG_TAIL_BYTES of a log, None when it does not exist."""
     try:
         with open(path, "rb") as stream:
             stream.seek(0, os.SEEK_END)
-            stream.seek(max(0, stream.tell() - LOG_TAIL_BYTES))
+            offset = max(0, stream.tell() - LOG_TAIL_BYTES)
+            stream.seek(offset)
             data = stream.read()
     except OSError as error:
         if error.errno == errno.ENOENT:
-            return []
+            return None
         raise
-    text = data.decode("utf-8", "replace").splitlines()
+    lines = data.decode("utf-8", "replace").splitlines()
+    # Reading from the middle of the file, the first line is a fragment.
+    return lines[1:] if offset else lines
+
+
+def shown_line(line):
+    """What a terminal shows of a line (the last of its carriage-return rewrites), without
+    trailing blanks."""
+    return line.rsplit("\r", 1)[-1].rstrip()
+
+
+def is_noise(line):
+    return not line.strip() or any(pattern.search(line) for pattern in NOISE)
+
+
+def cut_line(line, limit=LOG_LINE_CHARS):
+    """line, or its start with a marker saying how many characters were cut: at most limit."""
+    if len(line) <= limit:
+        return line
+    cut = len(line) - limit
+    # The marker's length depends on the count it shows: settle both (two rounds at most).
+    while True:
+        marker = " [... %d more characters]" % cut
+        keep = limit - len(marker)
+        if len(line) - keep == cut:
+            return line[:keep] + marker
+        cut = len(line) - keep
+
+
+def block_start(lines):
+    """Where the last traceback (with the tracebacks chained before it) or the last run of
+    error lines begins; None when there is neither."""
+    tracebacks = [index for index, line in enumerate(lines) if TRACEBACK.search(line)]
+    if tracebacks:
+        start = tracebacks[-1]
+        earlier = [index for index in tracebacks if index < start]
+        while earlier and start > 0 and lines[start - 1].strip() in CHAINED:
+            start = earlier.pop()
+        # A logged exception: the error line that says what failed, then its traceback.
+        if start > 0 and ERROR_LINE.search(lines[start - 1]):
+            start -= 1
+        return start
+    errors = [index for index, line in enumerate(lines) if ERROR_LINE.search(line)]
+    if not errors:
+        return None
+    start = errors[-1]
+    while start > 0 and ERROR_LINE.search(lines[start - 1]):
+        start -= 1
+    return start
+
+
+def log_tail(path, lines=LOG_TAIL_LINES):
+    """The lines of a log that say why the engine's last start failed; [] when there is no log.
+
+    An earlier run's output says nothing about this start, so the tail begins at the last start
+    header among the lines read. Blank lines and noise (health-poll access lines, progress
+    bars) are left out. It begins at the last traceback, or else at the last block of error
+    lines, when there is one; each line is cut to LOG_LINE_CHARS. At most `lines` lines: a
+    longer block keeps its first line and its end, where Python names the exception.
+    """
+    text = read_log_end(path)
+    if text is None:
+        return []
     starts = [index for index, line in enumerate(text) if START_HEADER.match(line)]
-    return text[starts[-1] if starts else 0:][-lines:]
+    kept = [shown_line(line) for line in text[starts[-1] if starts else 0:]]
+    kept = [line for line in kept if not is_noise(line)]
+    start = block_start(kept)
+    if start is not None:
+        kept = kept[start:]
+    if len(kept) > lines:
+        if start is None:
+            kept = kept[-lines:]
+        else:
+            left_out = len(kept) - (lines - 1)
+            kept = [kept[0], "[... %d lines left out ...]" % left_out] + kept[-(lines - 2):]
+    return [cut_line(line) for line in kept]
+
+
+def with_log_tail(message, path):
+    """(message, tail): a failure message that points at the log's tail, and the tail.
+
+    The tail goes back as its own list, never in the message: ansible-core shows a failed
+    task's message twice (its error summary and the result), a list once, one line per item
+    whatever the result format.
+    """
+    tail = log_tail(path)
+    if not tail:
+        return "%s; log tail (%s): nothing since this start" % (message, path), tail
+    return "%s; log tail (%d lines of %s) in log_tail" % (message, len(tail), path), tail

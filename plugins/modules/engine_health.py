@@ -46,7 +46,9 @@ options:
     description: The engine's pid; when that process ends while waiting, the task fails at once.
     type: int
   log_file:
-    description: The engine's log; on failure its last 40 lines are in the message and RV(log_tail).
+    description:
+      - The engine's log. On failure its tail, the lines that say why, is returned in
+        RV(log_tail), and the message names the file and the tail's length.
     type: path
 extends_documentation_fragment:
   - ansible.builtin.action_common_attributes
@@ -91,11 +93,35 @@ models:
       object: model
       owned_by: vllm
       max_model_len: 256000
+msg:
+  description:
+    - On failure, what failed, on one line; with O(log_file), it ends saying how many lines of
+      the log RV(log_tail) holds.
+  returned: failure
+  type: str
+  sample: >-
+    engine process 48213 ended while waiting for http://127.0.0.1:8000 (last: connection
+    refused); log tail (4 lines of /var/log/biv100-serving/engine.log) in log_tail
 log_tail:
-  description: The last 40 lines of O(log_file).
+  description:
+    - The lines of O(log_file) that say why the engine failed, one item each - from its last
+      start on (the header C(--- <time> <name> starts) of M(biv100.serving.engine_process)),
+      without blank lines, access-log lines of the health polls, progress bars and throughput
+      reports, from the last traceback (with the tracebacks chained before it and the error
+      line logging it) or else the last block of error lines when there is one.
+    - At most 40 lines, of at most 300 characters each; a longer line is cut, ending with how
+      many characters were left out, and a longer traceback keeps its first line and its end.
+    - The tail is here only, never in the message, so that it is shown once; ansible-core shows
+      a failed task's message twice (its error summary and the result), and a list one line per
+      item in every result format.
   returned: failure, when O(log_file) is given
   type: list
   elements: str
+  sample:
+    - ERROR 11-29 18:00:04 [engine.py:412] Engine failed to start
+    - "Traceback (most recent call last):"
+    - '  File "/usr/local/corex/lib64/python3/dist-packages/vllm/worker/worker.py", line 210, in init_device'
+    - "RuntimeError: CUDA error: out of memory"
 """
 
 import json
@@ -108,7 +134,7 @@ from urllib.request import ProxyHandler, Request, build_opener
 from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.biv100.serving.plugins.module_utils._engine_process import (
     is_alive,
-    log_tail,
+    with_log_tail,
 )
 
 # The longest a single request may take; a loading engine may accept and not answer.
@@ -165,11 +191,8 @@ class HealthWait(object):
         return round(time.monotonic() - self.started, 1)
 
     def fail(self, message, **result):
-        log_file = self.params["log_file"]
-        if log_file:
-            tail = log_tail(log_file)
-            message = "%s; log tail (%s):\n%s" % (message, log_file, "\n".join(tail))
-            result["log_tail"] = tail
+        if self.params["log_file"]:
+            message, result["log_tail"] = with_log_tail(message, self.params["log_file"])
         self.module.fail_json(msg=message, elapsed=self.elapsed(), **result)
 
     def until_healthy(self):

@@ -67,6 +67,19 @@ options:
       - Under systemd a variable may be set in this file or in O(env), not both, since systemd
         lets the file win.
     type: path
+  secret_env:
+    description:
+      - Names of environment variables whose values are secrets, such as the clients' bearer
+        token C(VLLM_API_KEY). Their values - desired, and those the running engine has, which
+        differ after the secret changed - are masked in everything the module returns (RV(env),
+        RV(drift), the diff, messages and log tails), while drift is still told from the real
+        values.
+      - Give them in O(env_file) or O(env_file_content), which the engine reads as a file of
+        mode 0600. Under systemd a secret in O(env) fails the task, since O(env) is written
+        into the unit file, which every user may read.
+    type: list
+    elements: str
+    default: [VLLM_API_KEY]
   env_file_content:
     description:
       - The content O(env_file) must have. The module writes it (mode 0600, through a temporary
@@ -267,7 +280,12 @@ env_file_matches:
   type: bool
   sample: true
 log_tail:
-  description: The last 40 lines of the log, when a new engine exited during O(start_check_seconds).
+  description:
+    - When a new engine exited during O(start_check_seconds), the lines of its log that say
+      why, cut as M(biv100.serving.engine_health) cuts its RV(biv100.serving.engine_health#module:log_tail) -
+      from this start on, without noise, from the last traceback or error block, at most 40
+      lines of at most 300 characters each.
+    - The tail is here only, never in the message, which says how many lines it holds.
   returned: failure
   type: list
   elements: str
@@ -325,6 +343,17 @@ def env_file_matches(path, content):
             return stream.read() == content
     except FileNotFoundError:
         return False
+
+
+def hide_secrets(module, names, *environments):
+    """Have the module mask the values of the variables named, in every environment given,
+    wherever they appear in what it returns."""
+    for env in environments:
+        for name in names:
+            value = (env or {}).get(name)
+            # An empty value would mask every position of every string.
+            if value:
+                module.no_log_values.add(value)
 
 
 def base_environment():
@@ -551,6 +580,7 @@ def main():
             env=dict(type="dict", default={}),
             env_file=dict(type="path"),
             env_file_content=dict(type="str", no_log=True),
+            secret_env=dict(type="list", elements="str", default=["VLLM_API_KEY"]),
             cwd=dict(type="path", default="/"),
             state=dict(
                 type="str", choices=["started", "stopped", "restarted", "status"], default="started"
@@ -583,6 +613,8 @@ def main():
         matches = env_file_matches(params["env_file"], params["env_file_content"])
     environment = desired_environment(module)
     desired_env = environment.merged if environment else None
+    secrets = params["secret_env"]
+    hide_secrets(module, secrets, desired_env)
     try:
         manager = choose_manager(params, module.run_command)
         engine, stale = manager.find(command)
@@ -594,7 +626,14 @@ def main():
             msg="env and env_file %s both set %s: under systemd set each variable in one of them"
             % (params["env_file"], ", ".join(environment.overlap))
         )
+    exposed = sorted(set(secrets) & set(params["env"]))
+    if exposed and manager.name == "systemd" and state in ("started", "restarted"):
+        module.fail_json(
+            msg="env sets the secret %s, which systemd's unit file would show to every user: "
+            "give it in env_file" % ", ".join(exposed)
+        )
     before = engine.observed(desired_env) if engine else dict(NOT_RUNNING)
+    hide_secrets(module, secrets, before["env"])
     drifted = drift(before, command, desired_env, manager.owns_whole_environment) if engine else []
 
     definition = None

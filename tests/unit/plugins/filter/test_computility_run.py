@@ -68,3 +68,18 @@ def test_a_launch_value_set_twice_must_agree():
 
 def test_the_filter_is_exported_under_its_name():
     assert FilterModule().filters() == {"computility_run": computility_run}
+
+
+def test_a_secret_is_named_in_the_run_file_and_its_value_is_not():
+    document = render(secret_env=["VLLM_API_KEY"])
+
+    assert document["secret_env"] == ["VLLM_API_KEY"] and "VLLM_API_KEY" not in document["env"]
+    assert list(document) == ["env", "secret_env", "parameters", "command"]
+    assert "secret_env" not in render()  # the file of a fleet without secrets is as it was
+
+
+def test_a_secrets_value_in_the_environment_is_refused():
+    with pytest.raises(AnsibleFilterError) as raised:
+        render(env={**ENV, "VLLM_API_KEY": "sk-biv100-1234"}, secret_env=["VLLM_API_KEY"])
+    assert "sk-biv100-1234" not in str(raised.value)
+    assert str(raised.value).startswith("env carries the value of the secret VLLM_API_KEY")

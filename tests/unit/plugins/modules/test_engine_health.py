@@ -3,6 +3,8 @@ through engine_process on a free loopback port."""
 
 from __future__ import annotations
 
+import json
+import re
 import subprocess
 import time
 
@@ -79,12 +81,159 @@ def test_an_engine_never_healthy_times_out_with_the_log_tail(serving, health, en
 
     failed, result = health(url, timeout=1, pid=started["pid"], log_file=str(engine.log_file))
 
-    assert failed and result["msg"].startswith(
-        "engine at %s not healthy after 1 s (last: HTTP 503); log tail (%s):\n"
-        % (url, engine.log_file)
+    tail = result["log_tail"]
+    assert failed and result["msg"] == (
+        "engine at %s not healthy after 1 s (last: HTTP 503); log tail (%d lines of %s) in log_tail"
+        % (url, len(tail), engine.log_file)
     )
-    assert "serving on port %d" % engine.port in "\n".join(result["log_tail"])
-    assert '"GET /health HTTP/1.1" 503' in result["log_tail"][-1]
+    assert " vllm starts: " in tail[0] and tail[-1].startswith("serving on port %d" % engine.port)
+    # The stand-in answered every poll with an access line; none of them says why.
+    assert '"GET /health HTTP/1.1" 503' in engine.log_file.read_text()
+    assert not any("GET /health" in line for line in tail)
+
+
+# --- the log tail of a failed start --------------------------------------------------------
+
+# A start that dies as vLLM's do: its header, loading with progress bars redrawn by carriage
+# returns, the health polls' access lines (uvicorn's and http.server's), a logged exception.
+DYING_START = [
+    "INFO 11-29 17:59:00 [api_server.py:1805] an earlier engine's line",
+    "--- 2026-11-29T18:00:00Z vllm starts: /usr/local/corex/bin/python3 -m "
+    "vllm.entrypoints.openai.api_server --model=/opt/models/qwen3_5",
+    "INFO 11-29 18:00:01 [api_server.py:1805] vLLM API server version 0.10.1.1",
+    "",
+    "Loading safetensors checkpoint shards:   0% Completed | 0/4 [00:00<?, ?it/s]\r"
+    "Loading safetensors checkpoint shards:  50% Completed | 2/4 [00:01<00:01,  1.50it/s]",
+    'INFO:     127.0.0.1:51234 - "GET /health HTTP/1.1" 503 Service Unavailable',
+    "   ",
+    "ERROR 11-29 18:00:04 [engine.py:412] Engine failed to start",
+    "Traceback (most recent call last):",
+    '  File "/usr/local/corex/lib64/python3/dist-packages/vllm/worker/worker.py", line 210, in '
+    "init_device",
+    "    torch.cuda.set_device(self.device)",
+    "RuntimeError: CUDA error: out of memory; tried to allocate " + "1 GiB, " * 120,
+    '127.0.0.1 - - [29/Nov/2026 18:00:05] "GET /health HTTP/1.1" 503 -',
+    'INFO:     127.0.0.1:51236 - "GET /v1/models HTTP/1.1" 200 OK',
+    "",
+]
+
+
+@pytest.fixture
+def dead_engine(tmp_path, health):
+    """dead_engine(log lines) -> the result of waiting for an engine that has already ended,
+    with that log."""
+
+    def wait(lines):
+        log_file = tmp_path / "engine.log"
+        log_file.write_text("\n".join(lines) + "\n")
+        ended = subprocess.Popen(["true"])
+        ended.wait()
+        url = "http://127.0.0.1:%d" % stand_in.free_port()
+        failed, result = health(url, pid=ended.pid, log_file=str(log_file))
+        assert failed and result["msg"].startswith("engine process %d ended" % ended.pid)
+        return result
+
+    return wait
+
+
+def test_the_tail_starts_at_the_logged_exception_and_its_traceback(dead_engine):
+    tail = dead_engine(DYING_START)["log_tail"]
+
+    assert tail[:3] == [
+        "ERROR 11-29 18:00:04 [engine.py:412] Engine failed to start",
+        "Traceback (most recent call last):",
+        '  File "/usr/local/corex/lib64/python3/dist-packages/vllm/worker/worker.py", line 210, '
+        "in init_device",
+    ]
+    assert tail[3] == "    torch.cuda.set_device(self.device)"
+    assert tail[4].startswith("RuntimeError: CUDA error: out of memory") and len(tail) == 5
+
+
+def test_access_lines_progress_bars_and_blank_lines_are_left_out(dead_engine):
+    tail = dead_engine(DYING_START)["log_tail"]
+
+    assert not any("GET /health" in line or "GET /v1/models" in line for line in tail)
+    assert not any("Completed |" in line for line in tail)
+    assert all(line.strip() for line in tail)
+
+
+def test_a_long_line_is_cut_to_300_characters_saying_so(dead_engine):
+    error = dead_engine(DYING_START + ["ValueError: " + "v" * 1000])["log_tail"][-1]
+
+    assert len(error) == 300
+    assert error.startswith("ValueError: vvv") and error.endswith(" more characters]")
+    left_out = int(error.rsplit("[... ", 1)[1].split()[0])
+    assert len(error.split(" [... ")[0]) + left_out == len("ValueError: " + "v" * 1000)
+
+
+def test_the_tail_is_shown_once_in_log_tail_and_the_message_is_one_line(dead_engine):
+    result = dead_engine(DYING_START)
+
+    assert "\n" not in result["msg"]
+    assert re.search(r"; log tail \(5 lines of /\S+/engine\.log\) in log_tail$", result["msg"])
+    assert json.dumps(result).count("Traceback (most recent call last)") == 1
+    assert "an earlier engine's line" not in json.dumps(result)
+
+
+def test_without_an_error_the_tail_is_the_last_lines_from_the_start_on(dead_engine):
+    polled = []
+    for number in range(60):
+        polled += ["INFO loading step %d" % number, '"GET /health HTTP/1.1" 503 -']
+
+    tail = dead_engine(DYING_START[:3] + polled)["log_tail"]
+
+    assert tail == ["INFO loading step %d" % number for number in range(20, 60)]
+
+
+def test_a_traceback_longer_than_the_tail_keeps_its_start_and_its_end(dead_engine):
+    frames = ['  File "frame%d.py", line 1, in f' % number for number in range(60)]
+
+    tail = dead_engine(DYING_START[:3] + ["Traceback (most recent call last):"] + frames
+                       + ["KeyError: 'qwen3_5'"])["log_tail"]
+
+    assert len(tail) == 40 and tail[0] == "Traceback (most recent call last):"
+    assert tail[1] == "[... 23 lines left out ...]"
+    assert tail[2] == '  File "frame23.py", line 1, in f' and tail[-1] == "KeyError: 'qwen3_5'"
+
+
+def test_a_chain_of_tracebacks_is_kept_from_its_first(dead_engine):
+    chained = [
+        "Traceback (most recent call last):",
+        '  File "loader.py", line 3, in load',
+        "FileNotFoundError: config.json",
+        "",
+        "The above exception was the direct cause of the following exception:",
+        "",
+        "Traceback (most recent call last):",
+        '  File "api_server.py", line 9, in run',
+        "RuntimeError: the model could not be loaded",
+    ]
+
+    tail = dead_engine(DYING_START[:3] + ["INFO before"] + chained)["log_tail"]
+
+    assert tail == [line for line in chained if line]
+
+
+def test_a_log_with_nothing_but_noise_says_so(dead_engine):
+    result = dead_engine(DYING_START[1:2] + ['"GET /health HTTP/1.1" 503 -', ""])
+
+    assert result["log_tail"] == DYING_START[1:2]
+    empty = dead_engine([""])
+    assert empty["msg"].endswith("engine.log): nothing since this start") and empty["log_tail"] == []
+
+
+def test_the_api_key_is_masked_in_the_log_tail_and_the_message(tmp_path, health):
+    key = "sk-biv100-health-9f8e7d6c"
+    log_file = tmp_path / "engine.log"
+    log_file.write_text("ERROR engine refused its key %s\n" % key)
+    ended = subprocess.Popen(["true"])
+    ended.wait()
+
+    failed, result = health("http://127.0.0.1:%d" % stand_in.free_port(), pid=ended.pid,
+                            log_file=str(log_file), api_key=key)
+
+    assert failed and result["log_tail"] == ["ERROR engine refused its key ********"]
+    assert key not in json.dumps(result)
 
 
 def test_nothing_listening_is_reported_as_connection_refused(health):

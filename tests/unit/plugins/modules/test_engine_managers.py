@@ -162,8 +162,9 @@ def test_the_launchers_engine_makes_way_for_the_supervised_one(managed):
 def test_an_engine_that_exits_at_once_fails_with_its_log(managed):
     failed, result = managed("--port", "not-a-number")
 
-    assert failed and "log tail" in result["msg"]
-    assert any("invalid int value" in line for line in result["log_tail"])
+    assert failed and result["msg"].endswith(" in log_tail")
+    # argparse's refusal is where the tail starts.
+    assert result["log_tail"][0].endswith("error: argument --port: invalid int value: 'not-a-number'")
 
 
 # --- systemd: what it would be told ----------------------------------------------------------
@@ -217,3 +218,19 @@ def test_systemd_refuses_a_variable_set_in_both_env_and_env_file(tmp_path, monke
 
     assert failed and "both set CUDA_VISIBLE_DEVICES" in result["msg"]
     assert str(env_file) in result["msg"]
+
+
+def test_systemd_refuses_a_secret_in_env_which_its_unit_file_would_show(tmp_path, monkeypatch, run_module):
+    monkeypatch.setattr(_engine_managers, "SYSTEMD_RUNTIME_DIR", str(tmp_path))
+    monkeypatch.setattr(_engine_managers, "SYSTEMD_UNIT_DIR", str(tmp_path / "units"))
+    systemctl = tmp_path / "systemctl"
+    systemctl.write_text("#!/bin/sh\necho MainPID=0\n")
+    systemctl.chmod(0o755)
+
+    failed, result = run_module(engine_process, dict(
+        name="vllm", command=["/usr/bin/python3"], systemctl=str(systemctl),
+        env={"VLLM_API_KEY": "sk-biv100-in-the-unit"}, pid_file=str(tmp_path / "vllm.pid")))
+
+    assert failed and result["msg"].startswith("env sets the secret VLLM_API_KEY")
+    assert "sk-biv100-in-the-unit" not in str(result)
+    assert not (tmp_path / "units").exists()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import pwd
 import signal
@@ -305,11 +306,12 @@ def test_an_engine_that_exits_at_once_fails_with_its_own_log_tail(engine, tmp_pa
     failed, result = engine(command=crash)
 
     assert failed and result["rc"] == 3
-    assert "exited with status 3" in result["msg"] and "CUDA out of memory" in result["msg"]
+    assert result["msg"] == ("vllm exited with status 3 within 0.3 s of its start; "
+                             "log tail (2 lines of %s) in log_tail" % engine.log_file)
     # From this start's header on: the earlier engine's lines say nothing about this failure.
-    assert len(result["log_tail"]) == 2 and " vllm starts: " in result["log_tail"][0]
-    assert result["log_tail"][-1] == "CUDA out of memory"
-    assert "earlier engine" not in result["msg"]
+    tail = result["log_tail"]
+    assert len(tail) == 2 and " vllm starts: " in tail[0] and tail[-1] == "CUDA out of memory"
+    assert "earlier engine" not in json.dumps(result)
     assert not engine.pid_file.exists()
 
 
@@ -387,3 +389,52 @@ def test_the_env_file_is_written_when_it_differs_and_its_change_restarts_the_eng
 
     moved = engine(env_file=str(env_file), env_file_content="ALLOC=b\n").result
     assert (moved["action"], moved["env"]["ALLOC"]) == ("restart", "b") and env_file.read_text() == "ALLOC=b\n"
+
+
+# --- the clients' key (VLLM_API_KEY) ----------------------------------------------------------
+
+SECRET = "sk-biv100-0f1e2d3c4b5a6978"
+ROTATED = "sk-biv100-rotated-8a7b6c5d"
+
+
+def test_the_api_key_reaches_the_engine_and_nothing_the_module_returns(engine, tmp_path):
+    env_file = tmp_path / "etc" / "engine.env"
+    content = "ALLOC=a\nVLLM_API_KEY=%s\n" % SECRET
+
+    started = engine(env_file=str(env_file), env_file_content=content, _ansible_diff=True).result
+
+    assert environ_of(started["pid"])["VLLM_API_KEY"] == SECRET
+    assert SECRET not in " ".join(started["command"])
+    assert SECRET not in json.dumps(started)
+    # Only the secret is masked: the other variables are reported as they are.
+    assert started["env"]["ALLOC"] == "a" and started["env"]["VLLM_API_KEY"] != SECRET
+    assert stat.S_IMODE(env_file.stat().st_mode) == 0o600
+
+
+def test_a_changed_api_key_is_drift_reported_without_either_value(engine, tmp_path):
+    env_file = str(tmp_path / "engine.env")
+    first = engine(env_file=env_file, env_file_content="VLLM_API_KEY=%s\n" % SECRET).result
+    rotated = "VLLM_API_KEY=%s\n" % ROTATED
+
+    status = engine(env_file=env_file, env_file_content=rotated, state="status").result
+    checked = engine(env_file=env_file, env_file_content=rotated, _ansible_check_mode=True,
+                     _ansible_diff=True).result
+    moved = engine(env_file=env_file, env_file_content=rotated, _ansible_diff=True).result
+
+    assert status["drift"] == ["env VLLM_API_KEY: running ********, desired ********"]
+    assert (checked["action"], moved["action"]) == ("restart", "restart")
+    assert environ_of(moved["pid"])["VLLM_API_KEY"] == ROTATED and not is_alive(first["pid"])
+    for result in (first, status, checked, moved):
+        assert SECRET not in json.dumps(result) and ROTATED not in json.dumps(result)
+
+
+def test_a_failed_start_that_logs_the_key_shows_its_tail_with_the_key_masked(engine, tmp_path):
+    telling = [sys.executable, "-c",
+               "import os, sys; print('RuntimeError: refused key ' + os.environ['VLLM_API_KEY']); "
+               "sys.exit(1)"]
+
+    failed, result = engine(command=telling, env_file=str(tmp_path / "engine.env"),
+                            env_file_content="VLLM_API_KEY=%s\n" % SECRET)
+
+    assert failed and result["log_tail"][-1] == "RuntimeError: refused key ********"
+    assert SECRET not in json.dumps(result)

@@ -1,0 +1,52 @@
+"""Render the engine role's variables and its run-file task as Ansible does, from an inventory
+given as YAML (inline `!vault` values included), in a process of its own.
+
+The role's filters resolve through Ansible's collection loader, which is installed once per
+process and would change how every other test imports the collection: the tests run this file
+with the interpreter they run under, a JSON request on stdin, the rendered values on stdout.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+from ansible.parsing.dataloader import DataLoader
+from ansible.parsing.vault import VaultSecret, VaultSecretsContext
+from ansible.plugins.loader import init_plugin_loader
+from ansible.template import Templar
+
+REPO = Path(__file__).resolve().parents[3]
+ROLE = REPO / "roles" / "engine"
+RUN_FILE_TASK = "Write the platform's run file from the same variables"
+
+# What the facts role would have learned on a host of four free GPUs.
+FACTS = {
+    "ansible_facts": {
+        "vllm_facts": {"interpreter": "/usr/local/corex/python3/bin/python3"},
+        "gpu_facts": {"free": [0, 1, 2, 3]},
+    },
+}
+
+
+def render(request: dict) -> dict:
+    init_plugin_loader([str(REPO / "collections")])
+    loader = DataLoader()
+    secrets = [("default", VaultSecret(request["vault_password"].encode()))]
+    loader.set_vault_secrets(secrets)
+    VaultSecretsContext.initialize(VaultSecretsContext(secrets))
+    variables = {"role_path": str(ROLE), **FACTS}
+    for folder in ("defaults", "vars"):
+        variables.update(loader.load_from_file(str(ROLE / folder / "main.yml"), trusted_as_template=True))
+    variables.update(loader.load(request["inventory"]) or {})
+    templar = Templar(loader=loader, variables=variables)
+    rendered = {name: templar.template(variables[name]) for name in request["names"]}
+    tasks = loader.load_from_file(str(ROLE / "tasks" / "main.yml"), trusted_as_template=True)
+    run_file = next(task for task in tasks if task["name"] == RUN_FILE_TASK)
+    rendered["run_file"] = templar.template(run_file["ansible.builtin.copy"]["content"])
+    return rendered
+
+
+if __name__ == "__main__":
+    json.dump(render(json.load(sys.stdin)), sys.stdout, default=str)
