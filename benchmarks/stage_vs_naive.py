@@ -71,12 +71,14 @@ def render(rendered: Path, dest: str, text: str) -> dict:
     return {"src": str(path), "dest": dest}
 
 
-def timed_playbook(playbook: str, inventory: Path, extravars: dict, options: list[str]) -> float:
-    env = dict(os.environ, ANSIBLE_CONFIG=str(REPO / "ansible.cfg"),
+def timed_playbook(playbook: str, inventory: Path, extravars: dict, options: list[str],
+                   checkout: Path = REPO) -> float:
+    """Seconds one playbook run of `checkout` (its ansible.cfg, so its own collection) takes."""
+    env = dict(os.environ, ANSIBLE_CONFIG=str(checkout / "ansible.cfg"),
                PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}")
     command = ["ansible-playbook", playbook, "-i", str(inventory), "-e", json.dumps(extravars), *options]
     started = time.perf_counter()
-    finished = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True)
+    finished = subprocess.run(command, cwd=checkout, env=env, capture_output=True, text=True)
     if finished.returncode:
         sys.exit(f"{playbook} failed:\n{finished.stdout[-3000:]}")
     return time.perf_counter() - started

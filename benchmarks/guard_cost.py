@@ -1,0 +1,73 @@
+"""What guarding the whole model layer costs a deploy that changes nothing, against an earlier
+revision of the collection, side by side on the same lab hosts in one run.
+
+    .venv/bin/python benchmarks/guard_cost.py [--baseline REV] [--hosts 4] [--rounds 3]
+
+REV (default 9edfaf9, the last revision whose guard covered only the brief's twelve names) is
+checked out into a temporary git worktree. Both revisions deploy the shipped payload with
+`--skip-tags engine` to the same hosts, each with a state store of its own, so that each
+guards the scope it knows; the package is the same for both, so after one first run each,
+every run changes nothing. The no-change runs alternate between the revisions, so that a
+slower or faster moment of the machine falls on both. Prints the median of each and their
+ratio. The lab is built in a folder of its own and taken down after.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(REPO / "benchmarks"), str(REPO / "tests" / "lab")]
+
+import lab as lab_builder  # noqa: E402
+from stage_vs_naive import timed_playbook  # noqa: E402
+
+STATE_DIR = "/var/lib/biv100-serving"
+
+
+def deploy(checkout: Path, inventory: Path, state_dir: str) -> float:
+    extravars = {"serving_release": "bench", "serving_state_dir": state_dir}
+    return timed_playbook("deploy.yml", inventory, extravars, ["--skip-tags", "engine"], checkout)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--baseline", default="9edfaf9")
+    parser.add_argument("--hosts", type=int, default=4)
+    parser.add_argument("--rounds", type=int, default=3)
+    args = parser.parse_args()
+    running = lab_builder.running_lab_dir()
+    if running:
+        sys.exit(f"a lab is up in {running}: take it down first (make lab-down)")
+    with tempfile.TemporaryDirectory(prefix="biv100-guard-bench-") as work:
+        earlier = Path(work) / "earlier"
+        subprocess.run(["git", "-C", str(REPO), "worktree", "add", "--detach", "-q", str(earlier), args.baseline],
+                       check=True)
+        built = lab_builder.up(n_hosts=args.hosts, lab_dir=Path(work) / "lab", rebuild=True)
+        try:
+            checkouts = {"this": (REPO, f"{STATE_DIR}/bench-this"),
+                         args.baseline: (earlier, f"{STATE_DIR}/bench-earlier")}
+            for checkout, state_dir in checkouts.values():
+                deploy(checkout, built.inventory_path, state_dir)  # first contact, not timed
+            times = {name: [] for name in checkouts}
+            for _ in range(args.rounds):
+                for name, (checkout, state_dir) in checkouts.items():
+                    times[name].append(deploy(checkout, built.inventory_path, state_dir))
+        finally:
+            lab_builder.down(Path(work) / "lab")
+            subprocess.run(["git", "-C", str(REPO), "worktree", "remove", "--force", str(earlier)], check=True)
+    this, before = statistics.median(times["this"]), statistics.median(times[args.baseline])
+    print(f"no-change deploy (--skip-tags engine), {args.hosts} hosts, median of {args.rounds}:")
+    print(f"  this checkout (whole model layer guarded)   {this:6.2f} s   {times['this']}")
+    print(f"  {args.baseline} (the brief's twelve names guarded)  {before:6.2f} s   {times[args.baseline]}")
+    print(f"  ratio this/{args.baseline}: {this / before:.3f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
