@@ -19,8 +19,9 @@ description:
   - At the end of every run of the collection's playbooks, appends one JSON line per host to
     C(ledger.jsonl) - time, playbook, submission id, release and its state, payload digest,
     files changed, guard result, probe summary, engine arguments, the mappings (idea, place in
-    the base, kind of change) the release carries, the rollback if any, and the first failure
-    with the engine's log tail when it has one - and regenerates C(LEDGER.md), a Markdown table
+    the base, kind of change) the release carries, the rollback if any, the first failure
+    with the engine's log tail when it has one, and the task at which the host became
+    unreachable, if it did - and regenerates C(LEDGER.md), a Markdown table
     of all lines.
   - The end-of-run lines and the table keep one line per host; a failure in them is its first
     line, cut at 240 characters. The engine's environment, which holds the clients' key, is
@@ -88,6 +89,11 @@ class CallbackModule(CallbackBase):
 
     def v2_runner_on_failed(self, result, ignore_errors=False):
         self._note(result, failed=True)
+
+    def v2_runner_on_unreachable(self, result):
+        # A host lost mid-run: its line says where, so that the team knows to re-run it.
+        entry = self._hosts.setdefault(result._host.get_name(), {})
+        entry.setdefault("unreachable", f"{result._task.get_name()}: {result._result.get('msg', '')}")
 
     def _note(self, result, failed: bool) -> None:
         action = result._task.resolved_action or result._task.action or ""
@@ -211,6 +217,8 @@ def outcome_line(entry: dict | None) -> str:
         parts.append(one_line(entry["probes"]))
     if entry.get("failure"):
         parts.append(f"failed at {one_line(entry['failure'])}")
+    if entry.get("unreachable"):
+        parts.append(f"unreachable at {one_line(entry['unreachable'])}")
     return "; ".join(parts)
 
 

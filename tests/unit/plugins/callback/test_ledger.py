@@ -160,3 +160,18 @@ def test_the_ledger_records_the_engines_arguments_and_never_its_key(ledger, tmp_
     assert line["engine_args"] == ["--port", "8000", "--api-key=********", "--api-key", "********"]
     assert SECRET not in (tmp_path / "ledger.jsonl").read_text()
     assert SECRET not in (tmp_path / "LEDGER.md").read_text()
+
+
+def test_a_host_lost_mid_run_is_recorded_and_shown_unreachable_where_it_was_lost(ledger, capsys):
+    ledger.v2_runner_on_ok(task_result("h2", "Guard the model layer", "biv100.serving.model_guard",
+                                       {"guard": {"checked": 1200, "mismatches": []}, "msg": "ok"}))
+    ledger.v2_runner_on_unreachable(task_result("h2", "Stage the payload", "biv100.serving.serving_overlay",
+                                                {"msg": "Failed to connect to the host via ssh: Connection refused",
+                                                 "unreachable": True}))
+
+    (line,) = ledger.end("h2")
+
+    assert line["unreachable"] == "Stage the payload: Failed to connect to the host via ssh: Connection refused"
+    shown = capsys.readouterr().out.split("RELEASES", 1)[1].strip("* \n").splitlines()
+    assert shown == ["h2: no release pending; unreachable at Stage the payload: Failed to connect to the "
+                     "host via ssh: Connection refused"]
