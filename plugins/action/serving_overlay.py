@@ -52,7 +52,7 @@ class ActionModule(ActionBase):
         if new_folders and self._task.check_mode:
             # Said in the plan, where a person reads what a deploy is about to do.
             result.setdefault("warnings", []).extend(
-                f"manifest entry {name!r} creates {', '.join(folders)}, not on the vendor base"
+                f"manifest entry {name!r} creates {', '.join(folders)}, which this host's vLLM does not have"
                 for name, folders in sorted(new_folders.items())
             )
         contents = {target.path: self._content(target, host["files"][target.path]) for target in targets}

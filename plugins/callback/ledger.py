@@ -111,7 +111,8 @@ class CallbackModule(CallbackBase):
             record(entry, answer, failed)
 
     def v2_playbook_on_stats(self, stats):
-        seen = {host: entry for host, entry in self._hosts.items() if set(entry) - {"failure"}}
+        # Only hosts a module of the collection ran on: a facts-only run leaves no line.
+        seen = {host: entry for host, entry in self._hosts.items() if set(entry) - {"failure", "unreachable"}}
         if not seen:
             return
         # The run's end, whatever stopped it (a failed canary ends the playbook early): each
@@ -218,7 +219,7 @@ def outcome_line(entry: dict | None) -> str:
     if entry.get("failure"):
         parts.append(f"failed at {one_line(entry['failure'])}")
     if entry.get("unreachable"):
-        parts.append(f"unreachable at {one_line(entry['unreachable'])}")
+        parts.append(one_line(lost_at(entry)))
     return "; ".join(parts)
 
 
@@ -265,7 +266,11 @@ def table_row(line: dict) -> list[str]:
             line.get("submission") or "", line.get("release") or "", line.get("state") or "",
             str(len(line.get("files_changed") or [])), one_line(line.get("guard") or "", 60),
             one_line(line.get("probes") or ""), one_line(rollback or ""), mappings,
-            one_line(line.get("failure") or "")]
+            one_line(line.get("failure") or lost_at(line))]
+
+
+def lost_at(line: dict) -> str:
+    return f"unreachable at {line['unreachable']}" if line.get("unreachable") else ""
 
 
 def write_table(path: Path, lines: list[dict]) -> None:

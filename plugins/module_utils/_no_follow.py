@@ -24,11 +24,23 @@ import contextlib
 import errno
 import hashlib
 import os
+import re
 import stat
 
 _HASH_CHUNK = 1024 * 1024
 _DIRECTORY = os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
 _READ = os.O_RDONLY | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_NONBLOCK", 0)
+
+
+# A write's temporary file beside its final name: .<name>.<pid>.<8 hex digits>.
+_STAGED = re.compile(r"^\.(.+)\.[0-9]+\.[0-9a-f]{8}$")
+
+
+def staged_for(path):
+    """The path whose write a temporary file at `path` belongs to, or None if it is none."""
+    folder, _, name = path.rpartition("/")
+    match = _STAGED.match(name)
+    return folder + "/" * bool(folder) + match.group(1) if match else None
 
 
 class UnsafePath(Exception):
@@ -97,10 +109,15 @@ class Tree(object):
     def read(self, relative, hashed=False):
         """The bytes of the regular file at `relative` (its sha256 if hashed), None if absent."""
         parts = parts_of(relative)
-        with self._folder(parts, create=False) as fd:
+        with self._named(relative), self._folder(parts, create=False) as fd:
             if fd is None or not self._final(fd, parts):
                 return None
-            stream = os.open(parts[-1], _READ, dir_fd=fd)
+            try:
+                stream = os.open(parts[-1], _READ, dir_fd=fd)
+            except OSError as error:
+                if error.errno == errno.ELOOP:  # swapped for a link since the lstat
+                    raise self._unsafe(fd, parts, len(parts) - 1)
+                raise
             try:
                 if not stat.S_ISREG(os.fstat(stream).st_mode):  # swapped since the lstat
                     raise self._unsafe(fd, parts, len(parts) - 1)
@@ -151,12 +168,12 @@ class Tree(object):
 
     @contextlib.contextmanager
     def _named(self, relative):
-        """An OSError without a file name (ENOSPC from a write) gets the path it was about."""
+        """An OSError names the path it was about, not the component or temporary name a
+        call relative to a folder's descriptor gives it (or none, as ENOSPC from a write)."""
         try:
             yield
         except OSError as error:
-            if not error.filename:
-                error.filename = os.path.join(self.root, relative)
+            error.filename = os.path.join(self.root, relative)
             raise
 
     # --- the walk ----------------------------------------------------------------------

@@ -125,7 +125,7 @@ current_release:
 new_folders:
   description:
     - By manifest entry, the folders its files would create (or created) that the host's vLLM
-      does not have; a check-mode run also warns about each.
+      does not have now; a check-mode run also warns about each.
   returned: success
   type: dict
   sample: {my-parser: [reasoning/mine/]}
@@ -395,11 +395,6 @@ def present(module, host):
         result["base_copies_added"] = keep_pristine_copies(host, sorted(desired))
         write_release_files(host, release, desired, changes)
         install(host, changes)
-    except UnsafePath as error:
-        # A link that appeared after the check above: whatever was written is whole and the
-        # pristine copies are kept; the release is not recorded, so a re-run starts over.
-        module.fail_json(msg="refusing to write through the host's own tree: %s" % error,
-                         changed_files=sorted(changes))
     except OSError as error:
         module.fail_json(msg="staging %s stopped at %s: %s" % (release, error.filename or "?", error.strerror),
                          changed_files=sorted(changes))
@@ -438,7 +433,13 @@ def main():
     host = Host(module)
     if module.params["state"] == "inventory":
         inventory(module, host)
-    present(module, host)
+    try:
+        present(module, host)
+    except UnsafePath as error:
+        # A link that appeared after the checks, before anything was written or in between
+        # whole files: the release is not recorded, so a re-run starts over.
+        module.fail_json(msg="refusing to write through the host's own tree under %s: %s"
+                         % (module.params["package_root"], error))
 
 
 if __name__ == "__main__":

@@ -119,9 +119,8 @@ files:
   sample: 3
 """
 
-import os
-
 from ansible.module_utils.basic import AnsibleModule
+from ansible_collections.biv100.serving.plugins.module_utils._no_follow import Tree, UnsafePath
 from ansible_collections.biv100.serving.plugins.module_utils._release_retention import prune
 from ansible_collections.biv100.serving.plugins.module_utils._state_store import (
     StateDir,
@@ -129,7 +128,6 @@ from ansible_collections.biv100.serving.plugins.module_utils._state_store import
     read_json,
     write_json,
 )
-from ansible_collections.biv100.serving.plugins.module_utils._vllm_layout import sha256_file
 
 
 def short(digest):
@@ -137,10 +135,16 @@ def short(digest):
 
 
 def file_drift(package_root, digests):
+    """A sentence for each file that is not what the release installed; a file reached through a
+    link is not the release's file, whatever it holds."""
     sentences = []
+    package = Tree(package_root)
     for path in sorted(digests):
-        installed_path = os.path.join(package_root, path)
-        installed = sha256_file(installed_path) if os.path.isfile(installed_path) else None
+        try:
+            installed = package.digest(path)
+        except UnsafePath as error:
+            sentences.append(str(error))
+            continue
         if installed != digests[path]:
             sentences.append(
                 "%s: installed %s, release %s" % (path, short(installed), short(digests[path]))

@@ -175,8 +175,8 @@ def resolve_target(store, current, wanted):
 def refuse_unservable(params, current, target):
     """Fail before anything changes when the target is the vendor's files and those cannot
     serve the model: the engine would not start, and the host would be left with none."""
-    if target is not None or not params["base_lacks"] or params["force"]:
-        return
+    if target is not None or current is None or not params["base_lacks"] or params["force"]:
+        return  # current None: the host runs the vendor's files already; putting them back only repairs
     why = "asked for" if params["to"] == BASE else "no release before %s was good" % (current or "it")
     raise RollbackError(
         "refusing to roll back to base, the vendor's files (%s): this host's vLLM cannot serve %s "
@@ -269,6 +269,7 @@ def main():
         target = resolve_target(store, current, params["to"])
         refuse_unservable(params, current, target)
         changes = plan(store, package, target)
+        installed = dict((path, package.digest(path)) for path in changes)
         engine = (record_of(store, target).get("engine") or {}) if target else {}
     except UnsafePath as error:
         module.fail_json(msg="refusing to roll back through the host's own tree under %s, nothing "
@@ -288,7 +289,7 @@ def main():
     if module._diff:
         result["diff"] = {
             "before": "current: %s\n" % (current or BASE) + "".join(
-                "%s %s\n" % (path, package.digest(path)) for path in sorted(changes)),
+                "%s %s\n" % (path, installed[path]) for path in sorted(changes)),
             "after": "current: %s\n" % (target or BASE) + "".join(
                 "%s %s\n" % (path, digest) for path, (digest, _) in sorted(changes.items())),
         }

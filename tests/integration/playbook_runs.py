@@ -24,12 +24,15 @@ class PlaybookRun:
         """Hosts counted under `outcome` (ok, changed, failures, dark, skipped) in the recap."""
         return {host for host, count in (self.stats.get(outcome) or {}).items() if count}
 
-    def failure_messages(self, host: str) -> list[str]:
+    def failures(self, host: str) -> list[dict]:
         return [
-            str(event["event_data"]["res"].get("msg", ""))
+            event["event_data"]["res"]
             for event in self.events
             if event.get("event") == "runner_on_failed" and event["event_data"].get("host") == host
         ]
+
+    def failure_messages(self, host: str) -> list[str]:
+        return [str(result.get("msg", "")) for result in self.failures(host)]
 
     def results(self, host: str, task: str) -> list[dict]:
         """Results of the tasks named `task` on `host`, in the order they ran."""

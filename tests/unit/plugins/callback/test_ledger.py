@@ -175,3 +175,8 @@ def test_a_host_lost_mid_run_is_recorded_and_shown_unreachable_where_it_was_lost
     shown = capsys.readouterr().out.split("RELEASES", 1)[1].strip("* \n").splitlines()
     assert shown == ["h2: no release pending; unreachable at Stage the payload: Failed to connect to the "
                      "host via ssh: Connection refused"]
+
+
+def test_a_table_row_says_where_a_host_was_lost(tmp_path):
+    write_table(tmp_path / "LEDGER.md", [{"host": "h2", "release": None, "unreachable": "Stage the payload: gone"}])
+    assert (tmp_path / "LEDGER.md").read_text().splitlines()[-1].endswith("| unreachable at Stage the payload: gone |")

@@ -651,6 +651,20 @@ def test_first_contact_after_the_registry_was_overlaid_leaves_it_out(
     assert not failed and result["changed"] is False
 
 
+def test_a_write_of_the_overlaid_registry_left_by_a_lost_run_is_not_a_model_layer_file(
+    real_guard, real_root, state_dir
+):
+    (state_dir / "base").mkdir(parents=True)
+    (state_dir / "base" / "index.json").write_text(json.dumps({REGISTRY: "0" * 64}))
+    real_guard()
+    (real_root / "model_executor/models/.registry.py.4711.0badc0de").write_text("half a registry")
+    assert not real_guard()[0]
+    # Anything else of that shape in the model layer is a file like any other.
+    (real_root / "model_executor/models/.llama.py.4711.0badc0de").write_text("not ours")
+    failed, result = real_guard()
+    assert failed and kinds(result) == {"model_executor/models/.llama.py.4711.0badc0de": "added"}
+
+
 def test_the_registry_named_in_extra_stays_guarded(real_guard, real_root, state_dir):
     (state_dir / "base").mkdir(parents=True)
     (state_dir / "base" / "index.json").write_text(json.dumps({REGISTRY: "0" * 64}))

@@ -97,3 +97,13 @@ def test_marking_good_with_keep_good_prunes_what_is_not_needed(release, store):
     marked = release(status="good", keep_good=1).result
     assert marked["removed"] == ["sub100"] and not old.exists()
     assert (store["state"] / "releases" / "sub510").is_dir()
+
+
+def test_a_release_file_reached_through_a_link_is_drift_even_with_the_same_content(release, store):
+    openai = store["package"] / "entrypoints" / "openai"
+    openai.rename(store["package"] / "elsewhere")  # the same bytes, behind a link now
+    os.symlink("../elsewhere", openai)
+    assert release().result["drift"] == [
+        f"{DROPPED}: entrypoints/openai is a symlink to ../elsewhere",
+        f"{SERVING_CHAT}: entrypoints/openai is a symlink to ../elsewhere",
+    ]

@@ -216,3 +216,13 @@ def test_a_restore_that_fails_midway_reports_what_happened(rollback, store, monk
     assert failed and "rolling back to sub168" in result["msg"]
     assert "No space left on device" in result["msg"] and str(store.package) in result["msg"]
     assert result["from_release"] == "sub510" and result["changed_files"]
+
+
+def test_a_host_never_deployed_is_on_base_already_and_is_not_refused(run_module, tmp_path):
+    fresh = Store(tmp_path / "fresh")
+    (fresh.package / PARSER).parent.mkdir(parents=True, exist_ok=True)
+    (fresh.package / PARSER).write_bytes(b"half of a first release\n")  # a first staging that failed
+    failed, result = run_module(serving_rollback, dict(
+        package_root=str(fresh.package), state_dir=str(fresh.state), to="base", base_lacks=[ARCH]))
+    assert not failed, result
+    assert fresh.installed() == {**VENDOR, PARSER: None}
