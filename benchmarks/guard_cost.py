@@ -4,12 +4,13 @@ revision of the collection, side by side on the same lab hosts in one run.
     .venv/bin/python benchmarks/guard_cost.py [--baseline REV] [--hosts 4] [--rounds 3]
 
 REV (default 9edfaf9, the last revision whose guard covered only the brief's twelve names) is
-checked out into a temporary git worktree. Both revisions deploy the shipped payload with
-`--skip-tags engine` to the same hosts, each with a state store of its own, so that each
-guards the scope it knows; the package is the same for both, so after one first run each,
-every run changes nothing. The no-change runs alternate between the revisions, so that a
-slower or faster moment of the machine falls on both. Prints the median of each and their
-ratio. The lab is built in a folder of its own and taken down after.
+checked out into a temporary git worktree. This checkout deploys the shipped payload with
+`--skip-tags engine`; each host's state store is then copied for the earlier revision, less
+the guard's baseline, so that the earlier revision takes over the same release (the same
+files, the same pristine copies) and records the baseline of the scope it knows. From then on
+every run of either changes nothing. The no-change runs alternate between the revisions, so
+that a slower or faster moment of the machine falls on both. Prints the median of each and
+their ratio. The lab is built in a folder of its own and taken down after.
 """
 
 from __future__ import annotations
@@ -35,6 +36,10 @@ def deploy(checkout: Path, inventory: Path, state_dir: str) -> float:
     return timed_playbook("deploy.yml", inventory, extravars, ["--skip-tags", "engine"], checkout)
 
 
+def rounded(seconds: list[float]) -> str:
+    return ", ".join(f"{value:.2f}" for value in seconds)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--baseline", default="9edfaf9")
@@ -52,8 +57,11 @@ def main() -> int:
         try:
             checkouts = {"this": (REPO, f"{STATE_DIR}/bench-this"),
                          args.baseline: (earlier, f"{STATE_DIR}/bench-earlier")}
-            for checkout, state_dir in checkouts.values():
-                deploy(checkout, built.inventory_path, state_dir)  # first contact, not timed
+            deploy(REPO, built.inventory_path, checkouts["this"][1])  # first contact, not timed
+            for host in built.hosts:
+                subprocess.run(built.ssh_command(host, f"cp -a {STATE_DIR}/bench-this {STATE_DIR}/bench-earlier"
+                                                       f" && rm -r {STATE_DIR}/bench-earlier/baseline"), check=True)
+            deploy(earlier, built.inventory_path, checkouts[args.baseline][1])  # its own first contact
             times = {name: [] for name in checkouts}
             for _ in range(args.rounds):
                 for name, (checkout, state_dir) in checkouts.items():
@@ -63,8 +71,8 @@ def main() -> int:
             subprocess.run(["git", "-C", str(REPO), "worktree", "remove", "--force", str(earlier)], check=True)
     this, before = statistics.median(times["this"]), statistics.median(times[args.baseline])
     print(f"no-change deploy (--skip-tags engine), {args.hosts} hosts, median of {args.rounds}:")
-    print(f"  this checkout (whole model layer guarded)   {this:6.2f} s   {times['this']}")
-    print(f"  {args.baseline} (the brief's twelve names guarded)  {before:6.2f} s   {times[args.baseline]}")
+    print(f"  this checkout (whole model layer guarded)   {this:6.2f} s   {rounded(times['this'])}")
+    print(f"  {args.baseline} (the brief's twelve names guarded)  {before:6.2f} s   {rounded(times[args.baseline])}")
     print(f"  ratio this/{args.baseline}: {this / before:.3f}")
     return 0
 
