@@ -237,7 +237,7 @@ PARSERS = """\
      "manifest entry 'parsers': reasoning/mine_parser.py is a hard link (2 names"),
     (lambda folder: (folder / os.fsdecode(b"caf\xe9_parser.py")).write_text("X = 2\n"),
      "manifest entry 'parsers': b'reasoning/caf\\xe9_parser.py' has a name that is not UTF-8"),
-])
+], ids=["fifo", "character-device", "hard-link", "name-not-utf8"])
 def test_only_plain_files_with_utf8_names_travel(payload, make, message):
     make(payload / "reasoning")
     write_manifest(payload, PARSERS)
