@@ -28,7 +28,7 @@ MODULE = "biv100.serving.serving_overlay"
 
 class ActionModule(ActionBase):
     TRANSFERS_FILES = False
-    _VALID_ARGS = frozenset(("payload_dir", "release", "auto_release", "state_dir", "protected_extra", "record"))
+    _VALID_ARGS = frozenset(("payload_dir", "release", "auto_release", "state_dir", "protected_extra", "record", "plan"))
 
     def run(self, tmp=None, task_vars=None):
         result = super().run(tmp, task_vars)
@@ -36,9 +36,12 @@ class ActionModule(ActionBase):
         facts = (task_vars.get("ansible_facts") or {}).get("vllm_facts")
         if not facts:
             raise AnsibleActionFail("serving_overlay needs the facts of biv100.serving.vllm_facts: run it first")
+        state_dir = args.get("state_dir", "/var/lib/biv100-serving")
+        if args.get("plan"):
+            result.update(self._install(args["plan"], facts, state_dir, task_vars))
+            return result
         if not (args.get("release") or args.get("auto_release")):
             raise AnsibleActionFail("serving_overlay needs release (a submission id) or auto_release")
-        state_dir = args.get("state_dir", "/var/lib/biv100-serving")
         # A relative payload_dir is found as other plugins find their files: beside the playbook.
         payload_dir = Path(self._loader.path_dwim(args["payload_dir"]))
         try:
@@ -63,41 +66,71 @@ class ActionModule(ActionBase):
             desired.setdefault(path, host["files"][path]["pristine"])
         digest = payload_digest(targets, contents)
         stale = {path for path, sha in desired.items() if host["files"][path]["current"] != sha}
-
         current = host["current_release"]
+        # What this plan takes for granted on the host; staging checks it again there.
+        plan = {"current": current["id"], "payload_digest": digest, "new_folders": new_folders,
+                "based_on": {path: {key: host["files"][path][key] for key in ("current", "pristine")}
+                             for path in desired}}
+
         current_digest = ((current.get("record") or {}).get("payload_digest"))
         if not stale and current_digest == digest and args.get("release") in (None, current["id"]):
+            plan.update(release=current["id"], unchanged=True, mappings=current["record"].get("mappings", []))
             result.update(changed=False, release=current["id"], changed_files=[], payload_digest=digest,
-                          mappings=current["record"].get("mappings", []), new_folders=new_folders)
+                          mappings=plan["mappings"], new_folders=new_folders, plan=plan)
             return result
 
-        files = [
-            {"path": path, "sha256": sha, **({"content": _b64(contents[path])} if path in stale and path in contents else {})}
-            for path, sha in sorted(desired.items())
-        ]
-        record = dict(args.get("record") or {})
-        record.update(
-            payload_digest=digest,
-            vllm_version=facts["version"],
-            entries=sorted({target.entry.name for target in targets}),
-            mappings=_mappings(targets),
+        plan.update(
+            release=args.get("release") or args["auto_release"],
+            files=[
+                {"path": path, "sha256": sha,
+                 **({"content": _b64(contents[path])} if path in stale and path in contents else {})}
+                for path, sha in sorted(desired.items())
+            ],
+            record=dict(args.get("record") or {}, payload_digest=digest, vllm_version=facts["version"],
+                        entries=sorted({target.entry.name for target in targets}), mappings=_mappings(targets)),
         )
-        applied = self._execute_module(
-            module_name=MODULE,
-            module_args={
-                "state": "present",
-                "package_root": facts["package_root"],
-                "state_dir": state_dir,
-                "release": args.get("release") or args["auto_release"],
-                "files": files,
-                "record": record,
-                "interpreter": facts["interpreter"],
-            },
-            task_vars=task_vars,
-        )
-        applied.update(payload_digest=digest, mappings=record["mappings"], new_folders=new_folders)
+        applied = self._present(plan, facts, state_dir, task_vars, compiled=[])
+        if self._task.check_mode and not applied.get("failed"):
+            # The module compiled what would change; staging need not compile it again.
+            plan["compiled"] = [desired[path] for path in applied.get("changed_files", []) if desired.get(path)]
+            applied["plan"] = plan
         result.update(applied)
         return result
+
+    def _install(self, plan: dict, facts: dict, state_dir: str, task_vars: dict) -> dict:
+        """Stage the plan an earlier check-mode run of this task made for this host, after the
+        host proves that nothing the plan was based on moved since."""
+        if plan.get("unchanged"):
+            checked = self._execute_module(
+                module_name=MODULE,
+                module_args={"state": "verify", "package_root": facts["package_root"], "state_dir": state_dir,
+                             "expect": plan["based_on"], "expect_current": plan["current"]},
+                task_vars=task_vars,
+            )
+            if checked.get("failed"):
+                return checked
+            return dict(changed=False, release=plan["release"], changed_files=[], payload_digest=plan["payload_digest"],
+                        mappings=plan["mappings"], new_folders=plan["new_folders"])
+        return self._present(plan, facts, state_dir, task_vars, compiled=plan.get("compiled", []), checked=True)
+
+    def _present(self, plan: dict, facts: dict, state_dir: str, task_vars: dict, compiled: list[str],
+                 checked: bool = False) -> dict:
+        module_args = {
+            "state": "present",
+            "package_root": facts["package_root"],
+            "state_dir": state_dir,
+            "release": plan["release"],
+            "files": plan["files"],
+            "record": plan["record"],
+            "interpreter": facts["interpreter"],
+            "compiled": compiled,
+        }
+        if checked:
+            module_args.update(expect=plan["based_on"], expect_current=plan["current"])
+        applied = self._execute_module(module_name=MODULE, module_args=module_args, task_vars=task_vars)
+        applied.update(payload_digest=plan["payload_digest"], mappings=plan["record"]["mappings"],
+                       new_folders=plan["new_folders"])
+        return applied
 
     def _inventory(self, facts: dict, state_dir: str, targets: list[Target], task_vars: dict) -> dict:
         reply = self._execute_module(

@@ -62,6 +62,14 @@ options:
     description: More fields for the release record (the submission id, the controller's git revision).
     type: dict
     default: {}
+  plan:
+    description:
+      - The RV(plan) an earlier check-mode run of this task returned for this host. The task then
+        installs that plan instead of planning again, once the host shows that nothing the
+        plan was based on moved (the installed and pristine digests of every path, the
+        current release); otherwise it fails and writes nothing.
+      - The other options are not read then.
+    type: dict
 extends_documentation_fragment:
   - ansible.builtin.action_common_attributes
 attributes:
@@ -121,6 +129,12 @@ mappings:
 current_release:
   description: The release C(current) pointed at before this run, and its record.
   returned: when the release changed
+  type: dict
+plan:
+  description:
+    - In check mode, what staging would install on this host and what it takes for granted
+      there; give it to the O(plan) option of the real run.
+  returned: check mode
   type: dict
 new_folders:
   description:
@@ -265,9 +279,32 @@ def decoded(module, files):
     return contents
 
 
+def refuse_moved(module, host):
+    """Fail, before anything is written, when the host is no longer what the plan was made on:
+    a file whose installed or pristine content changed, or another release made current."""
+    moved = []
+    current = host.store.current_release()
+    if current != module.params["expect_current"]:
+        moved.append("current release %s, planned on %s" % (current or "none", module.params["expect_current"] or "none"))
+    for path, planned in sorted(module.params["expect"].items()):
+        found = {"current": host.package.digest(path), "pristine": host.pristine_digest(path)}
+        moved.extend("%s %s %s, planned on %s" % (path, key, short(found[key]), short(planned.get(key)))
+                     for key in ("current", "pristine") if found[key] != planned.get(key))
+    if moved:
+        module.fail_json(msg="the host changed since this run planned its release, nothing was written; "
+                         "run the deploy again: %s" % "; ".join(moved), moved=moved)
+
+
+def short(digest):
+    return "sha256 %s\u2026" % digest[:12] if digest else "absent"
+
+
 def refuse_uncompilable(module, contents):
-    """Compile every Python file with the engine's interpreter before anything is written."""
-    python_files = sorted(path for path in contents if path.endswith(".py"))
+    """Compile every Python file with the engine's interpreter before anything is written;
+    the plan of this run compiled some already (`compiled`: their sha256)."""
+    checked = set(module.params["compiled"])
+    python_files = sorted(path for path, data in contents.items()
+                          if path.endswith(".py") and hashlib.sha256(data).hexdigest() not in checked)
     if not python_files:
         return
     interpreter = module.params["interpreter"]
@@ -371,6 +408,8 @@ def present(module, host):
     desired = dict((item["path"], item.get("sha256")) for item in module.params["files"])
     # Checked again here, not only in the inventory round trip: the tree may have changed since.
     host.refuse_unsafe(sorted(set(desired) | set(host.index)))
+    if module.params["expect"] is not None:
+        refuse_moved(module, host)
     previous = current_release(store)
     existing = read_json(store.release_record(release))
     if existing is not None and existing.get("digests") != desired:
@@ -417,7 +456,7 @@ def present(module, host):
 def main():
     module = AnsibleModule(
         argument_spec=dict(
-            state=dict(type="str", choices=["inventory", "present"], default="present"),
+            state=dict(type="str", choices=["inventory", "present", "verify"], default="present"),
             package_root=dict(type="path", required=True),
             state_dir=dict(type="path", default="/var/lib/biv100-serving"),
             paths=dict(type="list", elements="str", default=[]),
@@ -426,13 +465,20 @@ def main():
             files=dict(type="list", elements="dict", default=[]),
             record=dict(type="dict", default={}),
             interpreter=dict(type="path"),
+            expect=dict(type="dict"),
+            expect_current=dict(type="str"),
+            compiled=dict(type="list", elements="str", default=[]),
         ),
-        required_if=[("state", "present", ("release", "interpreter"))],
+        required_if=[("state", "present", ("release", "interpreter")), ("state", "verify", ("expect",))],
         supports_check_mode=True,
     )
     host = Host(module)
     if module.params["state"] == "inventory":
         inventory(module, host)
+    if module.params["state"] == "verify":
+        host.refuse_unsafe(sorted(module.params["expect"] or {}))
+        refuse_moved(module, host)
+        module.exit_json(changed=False, msg="the host is as this run planned it")
     try:
         present(module, host)
     except UnsafePath as error:

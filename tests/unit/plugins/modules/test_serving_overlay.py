@@ -40,14 +40,14 @@ def run(run_module):
     return overlay
 
 
-def release(run, host, name, files, **kwargs):
+def release(run, host, name, files, check_mode=False, diff=False, **options):
     items = [
         {"path": path, "sha256": sha(data), **({"content": base64.b64encode(data).decode()} if send else {})}
         for path, (data, send) in files.items()
     ]
     args = dict(host, state="present", release=name, files=items, interpreter=sys.executable,
-                record={"payload_digest": "d-" + name})
-    return run(args, **kwargs)
+                record={"payload_digest": "d-" + name}, **options)
+    return run(args, check_mode=check_mode, diff=diff)
 
 
 def installed(host, path):
@@ -187,3 +187,39 @@ def test_a_file_an_earlier_release_overlaid_is_not_removed_through_a_link_that_a
     result = release(run, host, "sub511", {NEW_PARSER: (None, False)})
     assert result["failed"] and "reasoning is a symlink to reasoning.moved" in result["msg"]
     assert os.path.exists(os.path.join(reasoning + ".moved", "mine_parser.py"))
+
+
+def planned_on(host, *paths):
+    """What a plan records of the host for `paths`: installed and pristine digests."""
+    return {path: {"current": sha(installed(host, path)), "pristine": sha(VENDOR_CHAT) if path == CHAT else None}
+            for path in paths}
+
+
+def test_a_plan_is_installed_when_nothing_it_was_based_on_moved(host, run):
+    result = release(run, host, "sub510", {CHAT: (b"# ours\n", True)},
+                     expect=planned_on(host, CHAT), expect_current=None)
+    assert result["changed"] and installed(host, CHAT) == b"# ours\n"
+
+
+def test_a_plan_made_on_another_host_state_writes_nothing_and_says_what_moved(host, run):
+    expect = planned_on(host, CHAT)
+    with open(os.path.join(host["package_root"], CHAT), "wb") as stream:
+        stream.write(b"# edited after the plan\n")
+    result = release(run, host, "sub510", {CHAT: (b"# ours\n", True)}, expect=expect, expect_current=None)
+    assert result["failed"] and "the host changed since this run planned its release" in result["msg"]
+    assert f"{CHAT} current sha256 {sha(b'# edited after the plan' + bytes([10]))[:12]}" in result["msg"]
+    assert installed(host, CHAT) == b"# edited after the plan\n" and not os.path.exists(host["state_dir"])
+
+
+def test_verify_checks_the_plan_of_a_run_that_changes_nothing(host, run):
+    release(run, host, "sub510", {CHAT: (b"# ours\n", True)})
+    args = dict(host, state="verify", expect=planned_on(host, CHAT))
+    assert run(dict(args, expect_current="sub510"))["changed"] is False
+    moved = run(dict(args, expect_current="sub509"))
+    assert moved["failed"] and "current release sub510, planned on sub509" in moved["msg"]
+
+
+def test_files_the_plan_compiled_are_not_compiled_again(host, run):
+    broken = b"def broken(:\n"  # would not compile: proves the module took the plan's word
+    result = release(run, host, "sub510", {NEW_PARSER: (broken, True)}, compiled=[sha(broken)], check_mode=True)
+    assert not result.get("failed") and result["changed_files"] == [NEW_PARSER]
