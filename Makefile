@@ -8,7 +8,11 @@ BIN := $(VENV)/bin
 # molecule, ansible-runner and ansible-lint start ansible-playbook by name: make it the venv's.
 export PATH := $(CURDIR)/$(BIN):$(PATH)
 LAB_HOSTS ?= 4
-DEBIAN_PACKAGES := openssh-server openssh-client iproute2 python3-venv
+# git: ansible-test lists the collection's files with it.
+DEBIAN_PACKAGES := openssh-server openssh-client iproute2 python3-venv git
+# ansible-test sanity compiles and imports the host-side code on each of these that is installed
+# (the hosts run Python 3.8 and later); the controller's own Python runs every other test.
+SANITY_PYTHONS := 3.8 3.9 3.10 3.11 3.12 3.13
 
 .PHONY: deploy test setup debian-packages lab-up lab-down facts verify unit lint integration molecule lock bench
 
@@ -47,8 +51,21 @@ verify: setup lab-up
 unit: setup
 	$(BIN)/pytest tests/unit -q
 
+## ansible-lint, then ansible-test sanity. ansible-test finds the collection through the committed
+## link collections/ansible_collections/biv100/serving (ANSIBLE_TEST_CONTENT_ROOT: the working
+## folder it would otherwise need is the checkout itself, which has no ansible_collections parent)
+## and, offline but for the package index, bootstraps pip into its venvs with ensurepip
+## (tests/sanity/pip_bootstrap.py) instead of downloading get-pip.py.
 lint: setup
 	$(BIN)/ansible-lint
+	$(BIN)/python tests/sanity/pip_bootstrap.py --seed
+	@controller=$$($(BIN)/python -c 'import sys; print("%d.%d" % sys.version_info[:2])'); \
+	targets=""; for version in $(SANITY_PYTHONS); do \
+	  if python$$version -c '' 2>/dev/null; then targets="$$targets --target-python $$version"; \
+	  else echo "sanity: no working python$$version on PATH, its compile and import tests are skipped"; fi; \
+	done; \
+	set -x; ANSIBLE_TEST_CONTENT_ROOT=$(CURDIR)/collections/ansible_collections/biv100/serving \
+	  $(BIN)/ansible-test sanity --controller origin:python=$$controller $$targets
 
 integration: setup
 	$(BIN)/pytest tests/integration -q

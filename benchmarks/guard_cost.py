@@ -63,7 +63,7 @@ def main() -> int:
                                                        f" && rm -r {STATE_DIR}/bench-earlier/baseline"), check=True)
             deploy(earlier, built.inventory_path, checkouts[args.baseline][1])  # its own first contact
             times = {name: [] for name in checkouts}
-            for _ in range(args.rounds):
+            for _round in range(args.rounds):
                 for name, (checkout, state_dir) in checkouts.items():
                     times[name].append(deploy(checkout, built.inventory_path, state_dir))
         finally:

@@ -1,3 +1,6 @@
+# Copyright: biv100.serving maintainers
+# GNU General Public License v3.0+ (see LICENSES/GPL-3.0-or-later.txt or https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
 """Controller half of biv100.serving.engine_probe: run functional probe suites against a host's
 engine and judge the answers.
 
@@ -35,6 +38,9 @@ class ActionModule(ActionBase):
     def run(self, tmp=None, task_vars=None):
         result = super().run(tmp, task_vars)
         args = dict(self._task.args)
+        if "suites" in args and "requests" in args:
+            # The module would refuse the pair, but it is sent only the requests made of suites.
+            raise AnsibleActionFail("parameters are mutually exclusive: requests|suites")
         if "suites" not in args:
             return self._execute_module(MODULE, module_args=args, task_vars=task_vars)
         suite_args = {key: args.pop(key, None) for key in SUITE_OPTIONS}

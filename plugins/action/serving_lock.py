@@ -1,3 +1,6 @@
+# Copyright: biv100.serving maintainers
+# GNU General Public License v3.0+ (see LICENSES/GPL-3.0-or-later.txt or https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
 """Controller half of biv100.serving.serving_lock: name the run, and clear the lock of a dead one.
 
 The host half knows only what it is told, so this side says who the run is (controller, user,

@@ -1,3 +1,6 @@
+# Copyright: biv100.serving maintainers
+# GNU General Public License v3.0+ (see LICENSES/GPL-3.0-or-later.txt or https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
 """Controller half of biv100.serving.serving_overlay: plan the release, send only what differs.
 
 One host round trip learns what the host has (installed and pristine digests, the pristine
@@ -103,8 +106,8 @@ class ActionModule(ActionBase):
         if plan.get("unchanged"):
             checked = self._execute_module(
                 module_name=MODULE,
-                module_args={"state": "verify", "package_root": facts["package_root"], "state_dir": state_dir,
-                             "expect": plan["based_on"], "expect_current": plan["current"]},
+                module_args={"_state": "verify", "_package_root": facts["package_root"], "state_dir": state_dir,
+                             "_expect": plan["based_on"], "_expect_current": plan["current"]},
                 task_vars=task_vars,
             )
             if checked.get("failed"):
@@ -116,17 +119,17 @@ class ActionModule(ActionBase):
     def _present(self, plan: dict, facts: dict, state_dir: str, task_vars: dict, compiled: list[str],
                  checked: bool = False) -> dict:
         module_args = {
-            "state": "present",
-            "package_root": facts["package_root"],
+            "_state": "present",
+            "_package_root": facts["package_root"],
             "state_dir": state_dir,
             "release": plan["release"],
-            "files": plan["files"],
+            "_files": plan["files"],
             "record": plan["record"],
-            "interpreter": facts["interpreter"],
-            "compiled": compiled,
+            "_interpreter": facts["interpreter"],
+            "_compiled": compiled,
         }
         if checked:
-            module_args.update(expect=plan["based_on"], expect_current=plan["current"])
+            module_args.update(_expect=plan["based_on"], _expect_current=plan["current"])
         applied = self._execute_module(module_name=MODULE, module_args=module_args, task_vars=task_vars)
         applied.update(payload_digest=plan["payload_digest"], mappings=plan["record"]["mappings"],
                        new_folders=plan["new_folders"])
@@ -136,11 +139,11 @@ class ActionModule(ActionBase):
         reply = self._execute_module(
             module_name=MODULE,
             module_args={
-                "state": "inventory",
-                "package_root": facts["package_root"],
+                "_state": "inventory",
+                "_package_root": facts["package_root"],
                 "state_dir": state_dir,
-                "paths": [target.path for target in targets],
-                "pristine_content": [target.path for target in targets if target.entry.kind == "patch"],
+                "_paths": [target.path for target in targets],
+                "_pristine_content": [target.path for target in targets if target.entry.kind == "patch"],
             },
             task_vars=task_vars,
         )

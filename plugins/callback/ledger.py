@@ -1,11 +1,16 @@
+# Copyright: biv100.serving maintainers
+# GNU General Public License v3.0+ (see LICENSES/GPL-3.0-or-later.txt or https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
 """The deployment ledger: one JSON line per host per run, and a Markdown table made from them.
 
 It listens to the collection's own modules - what was staged, what the guard found, what the
 probes said, what the engine ran with, what was rolled back - and at the end of a run appends
 one line per host it saw to <ledger dir>/ledger.jsonl, then rewrites LEDGER.md from the whole
-file. The ledger dir is the `ledger` folder beside the inventory (inventory/biv100/ledger), so
-each fleet keeps its own record next to its inventory; BIV100_LEDGER_DIR names another.
-Check-mode runs change nothing and leave no line.
+file. The ledger dir is ledger/<fleet> at the project root (ledger/biv100 for -i inventory/biv100),
+so each fleet keeps its own record, outside its inventory folder: Ansible reads every file of an
+inventory folder as an inventory source. serving_ledger_dir, BIV100_LEDGER_DIR or the ini key
+name another. A ledger where earlier revisions kept it (inventory/<fleet>/ledger) is moved to
+its new place by the first run that finds it. Check-mode runs leave no line.
 """
 
 from __future__ import annotations
@@ -28,28 +33,56 @@ description:
     never recorded, and the value of an C(--api-key) argument is masked.
   - Hosts on which no module of the collection ran (a facts-only run) get no line; check-mode
     runs get none.
+  - The ledger is kept outside the inventory folder, since Ansible reads every file of an
+    inventory folder as an inventory source. A C(ledger) folder holding C(ledger.jsonl) or
+    C(LEDGER.md) that an earlier revision of this callback kept inside an inventory folder
+    (C(inventory/<fleet>/ledger)) is moved by the first run that finds it, check-mode runs
+    included (no host is touched), and the run says so once - the first inventory's ledger to
+    O(ledger_dir), any other inventory's to its own fleet's default place. The folder is renamed
+    in one step where both places are on one filesystem, else copied under a temporary name
+    that is renamed into place before the old folder is removed; where a ledger already is at
+    the new place, its C(ledger.jsonl) gets the old lines too, each once and in time order.
 requirements:
   - enabled in ansible.cfg (callbacks_enabled), as the project's own is
 options:
   ledger_dir:
-    description: The folder of C(ledger.jsonl) and C(LEDGER.md); the C(ledger) folder beside the inventory when not set.
+    description:
+      - The folder of C(ledger.jsonl) and C(LEDGER.md).
+      - When not set, C(ledger/<fleet>) at the project root - C(ledger/biv100) for
+        C(-i inventory/biv100). The project root is the folder of the C(ansible.cfg) in use, or
+        the current folder when only a system or user one (C(/etc/ansible/ansible.cfg),
+        C(~/.ansible.cfg)) or none is. The fleet is the name of the first inventory source that
+        is a folder, or of the folder holding the first inventory file; C(default) when the
+        inventory is only a host list (C(-i host1,host2)).
+      - The variable C(serving_ledger_dir) is read once per run as the first host a task ran on
+        sees it (extra vars, the play's vars, the inventory's host and group vars; templates
+        are resolved), so set it for the whole fleet (C(-e) or C(group_vars/all)). Ansible does
+        not hand variables to callback plugins; the callback reads this one itself, and it wins
+        over the environment variable and C(ansible.cfg), as a variable does for other plugins.
+      - A relative path is relative to the current folder, or in C(ansible.cfg) to its folder.
     type: path
     env:
       - name: BIV100_LEDGER_DIR
     ini:
       - section: biv100_ledger
         key: dir
+    vars:
+      - name: serving_ledger_dir
 author:
   - biv100.serving maintainers (!UNKNOWN)
 """
 
+import errno
 import json
 import os
+import shutil
 import time
 from pathlib import Path
 
+from ansible import constants as C
 from ansible import context
 from ansible.plugins.callback import CallbackBase
+from ansible.template import Templar
 
 from ansible_collections.biv100.serving.plugins.filter.probe_summary import probe_summary
 
@@ -64,6 +97,16 @@ SHOWN_FAILURE_CHARS = 240
 # Engine options whose value is a secret: the ledger records that they were given, not the value.
 SECRET_OPTIONS = ("--api-key",)
 
+# The variable that names the ledger folder (the option's `vars` entry, read by the callback).
+LEDGER_VARIABLE = "serving_ledger_dir"
+# The folder, at the project root and inside an inventory folder alike, that holds ledgers.
+LEDGER_FOLDER = "ledger"
+# The fleet of a run whose inventory is only a host list (-i 'h1,h2,').
+HOST_LIST_FLEET = "default"
+# Configuration files that belong to no project: with one of them (or none) in use, the
+# current folder is the project root.
+SHARED_CONFIGS = ("/etc/ansible/ansible.cfg", "~/.ansible.cfg")
+
 
 class CallbackModule(CallbackBase):
     CALLBACK_VERSION = 2.0
@@ -76,11 +119,15 @@ class CallbackModule(CallbackBase):
         self._playbook = None
         self._submission = None
         self._hosts: dict[str, dict] = {}
+        self._play = None
+        # The play and host of the run's first task result: serving_ledger_dir as that host sees it.
+        self._first = None
 
     def v2_playbook_on_start(self, playbook):
         self._playbook = os.path.basename(playbook._file_name)
 
     def v2_playbook_on_play_start(self, play):
+        self._play = play
         extra = play.get_variable_manager().extra_vars
         self._submission = extra.get("serving_release", self._submission)
 
@@ -91,11 +138,13 @@ class CallbackModule(CallbackBase):
         self._note(result, failed=True)
 
     def v2_runner_on_unreachable(self, result):
+        self._first = self._first or (self._play, result._host)
         # A host lost mid-run: its line says where, so that the team knows to re-run it.
         entry = self._hosts.setdefault(result._host.get_name(), {})
         entry.setdefault("unreachable", f"{result._task.get_name()}: {result._result.get('msg', '')}")
 
     def _note(self, result, failed: bool) -> None:
+        self._first = self._first or (self._play, result._host)
         action = result._task.resolved_action or result._task.action or ""
         answer = result._result
         entry = self._hosts.setdefault(result._host.get_name(), {})
@@ -111,6 +160,9 @@ class CallbackModule(CallbackBase):
             record(entry, answer, failed)
 
     def v2_playbook_on_stats(self, stats):
+        # Decided (and an old ledger moved out of the inventory) in every run, so that a facts-only
+        # or check-mode run stops the inventory warnings too.
+        directory = self._ledger_dir()
         # Only hosts a module of the collection ran on: a facts-only run leaves no line.
         seen = {host: entry for host, entry in self._hosts.items() if set(entry) - {"failure", "unreachable"}}
         if not seen:
@@ -122,18 +174,142 @@ class CallbackModule(CallbackBase):
             self._display.display(f"{host}: {outcome_line(seen.get(host))}")
         if context.CLIARGS.get("check"):
             return
-        directory = Path(self.get_option("ledger_dir") or _beside_inventory())
         now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
         lines = [dict(time=now, host=host, playbook=self._playbook, submission=self._submission,
                       **entry) for host, entry in sorted(seen.items())]
         append_lines(directory / LEDGER_FILE, lines)
         write_table(directory / TABLE_FILE, read_lines(directory / LEDGER_FILE))
 
+    def _ledger_dir(self) -> Path:
+        """This run's ledger folder; a ledger found inside an inventory folder is moved out first."""
+        variable = self._ledger_variable()
+        if variable:
+            # What ansible-core does with an option's `vars` for the plugin types it hands
+            # variables to: the variable wins over the environment and ansible.cfg.
+            self.set_options(var_options={LEDGER_VARIABLE: variable})
+        sources = context.CLIARGS.get("inventory") or ()
+        root = project_root(C.CONFIG_FILE)
+        configured = self.get_option("ledger_dir")
+        directory = Path(configured) if configured else ledger_home(root, sources)
+        move_old_ledgers(sources, directory, root, say=self._display.display, warn=self._display.warning)
+        return directory
 
-def _beside_inventory() -> str:
-    sources = [source for source in context.CLIARGS.get("inventory") or () if "," not in source]
-    first = Path(sources[0]) if sources else Path.cwd() / "inventory"
-    return str((first if first.is_dir() else first.parent) / "ledger")
+    def _ledger_variable(self) -> str | None:
+        """serving_ledger_dir as the host of the run's first task result sees it, templated."""
+        if not self._first or self._first[0] is None:
+            return None
+        play, host = self._first
+        try:
+            variables = play.get_variable_manager().get_vars(play=play, host=host, include_hostvars=False)
+            if LEDGER_VARIABLE not in variables:
+                return None
+            value = Templar(variables=variables).template(variables[LEDGER_VARIABLE])
+        except Exception as error:  # a bad template must not cost the run its ledger line
+            self._display.warning(f"{LEDGER_VARIABLE} could not be read ({error}); the ledger goes "
+                                  "where BIV100_LEDGER_DIR, ansible.cfg or the default puts it")
+            return None
+        return str(value) if value not in (None, "") else None
+
+
+# --- where the ledger lives ----------------------------------------------------------------------
+
+
+def project_root(config_file: str | None) -> Path:
+    """The folder of the project's ansible.cfg; the current folder without one."""
+    if config_file:
+        config = Path(config_file).expanduser().absolute()
+        if config not in {Path(shared).expanduser() for shared in SHARED_CONFIGS}:
+            return config.parent
+    return Path.cwd()
+
+
+def inventory_folders(sources) -> list[Path]:
+    """The folder of each inventory source that is a path (itself, or the one holding the file),
+    in order and once each; a host list (`-i h1,h2,`) has none."""
+    folders: list[Path] = []
+    for source in sources or ():
+        if "," in source:
+            continue
+        path = Path(source).expanduser().absolute()
+        folder = path if path.is_dir() else path.parent
+        if folder not in folders:
+            folders.append(folder)
+    return folders
+
+
+def ledger_home(root: Path, sources) -> Path:
+    """ledger/<fleet> at the project root, the fleet named after the first inventory folder."""
+    folders = inventory_folders(sources)
+    return root / LEDGER_FOLDER / (folders[0].name if folders else HOST_LIST_FLEET)
+
+
+def move_old_ledgers(sources, directory: Path, root: Path, say, warn) -> None:
+    """Move every ledger an earlier revision kept inside an inventory folder out of it, where
+    Ansible would read its files as inventory: the first inventory's to this run's ledger
+    folder, any other's to its own fleet's place at the project root."""
+    for index, folder in enumerate(inventory_folders(sources)):
+        old = folder / LEDGER_FOLDER
+        if not (old / LEDGER_FILE).is_file() and not (old / TABLE_FILE).is_file():
+            continue  # no ledger of ours: an inventory's own folder of that name is left alone
+        new = directory if index == 0 else root / LEDGER_FOLDER / folder.name
+        if new.absolute() == old.absolute() or (new.exists() and new.samefile(old)):
+            continue  # configured to stay there
+        try:
+            how = move_ledger(old, new)
+        except (OSError, ValueError) as error:  # ValueError: a line to merge that is no JSON
+            warn(f"The ledger in {old} could not be moved to {new} ({error}); move it by hand, "
+                 "since Ansible reads every file of an inventory folder as inventory")
+            continue
+        if how:
+            say(f"The deployment ledger moved from {old} to {new} ({how}), out of the inventory "
+                "folder; a fleet's ledger is worth committing in its new place.")
+
+
+def move_ledger(old: Path, new: Path) -> str | None:
+    """Move the ledger folder old to new and say how; None when another run moved it first.
+
+    One rename where both are on one filesystem (an empty folder at new is replaced); else a
+    copy under a temporary name renamed into place before old goes. A ledger already at new
+    gets old's lines merged into it."""
+    new.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        os.rename(old, new)
+        return "renamed"
+    except OSError as error:
+        if error.errno == errno.ENOENT and not old.exists():
+            return None
+        if error.errno not in (errno.EXDEV, errno.ENOTEMPTY, errno.EEXIST):
+            raise
+    if new.is_dir() and any(new.iterdir()):
+        merge_ledger(old, new)
+        return "merged into the ledger already there"
+    staged = new.with_name(f".{new.name}.{os.getpid()}")
+    shutil.rmtree(staged, ignore_errors=True)
+    shutil.copytree(old, staged, symlinks=True)
+    os.rename(staged, new)
+    shutil.rmtree(old)
+    return "copied"
+
+
+def merge_ledger(old: Path, new: Path) -> None:
+    """Both places hold a ledger (an old checkout wrote the committed one again): new's
+    ledger.jsonl gets old's lines too, each line once, in time order; its table is remade; old
+    goes, unless it holds files of its own."""
+    lines: dict[str, dict] = {}
+    for path in (old / LEDGER_FILE, new / LEDGER_FILE):
+        if path.is_file():
+            for text in path.read_text(encoding="utf-8").splitlines():
+                if text.strip():
+                    lines.setdefault(text, json.loads(text))
+    merged = sorted(lines.items(), key=lambda item: str(item[1].get("time", "")))
+    write_whole(new / LEDGER_FILE, "".join(text + "\n" for text, line in merged))
+    write_table(new / TABLE_FILE, [line for text, line in merged])
+    for path in [old / LEDGER_FILE, old / TABLE_FILE, *old.glob(f".{TABLE_FILE}.*")]:
+        path.unlink(missing_ok=True)
+    left = sorted(child.name for child in old.iterdir())
+    if left:
+        raise OSError(f"its lines are merged into {new / LEDGER_FILE}, but it still holds {', '.join(left)}")
+    old.rmdir()
 
 
 # --- what each module says ---------------------------------------------------------------------
@@ -246,6 +422,16 @@ def append_lines(path: Path, lines: list[dict]) -> None:
         stream.write(data)
         stream.flush()
         os.fsync(stream.fileno())
+
+
+def write_whole(path: Path, text: str) -> None:
+    """Replace a file in one rename once its new content is on disk: a reader sees old or new."""
+    staged = path.with_name(f".{path.name}.{os.getpid()}")
+    with open(staged, "w", encoding="utf-8") as stream:
+        stream.write(text)
+        stream.flush()
+        os.fsync(stream.fileno())
+    os.replace(staged, path)
 
 
 def read_lines(path: Path) -> list[dict]:

@@ -1,3 +1,6 @@
+# Copyright: biv100.serving maintainers
+# GNU General Public License v3.0+ (see LICENSES/GPL-3.0-or-later.txt or https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
 """allocator_conf: PYTORCH_CUDA_ALLOC_CONF rendered from a dict and checked key by key, so that an
 option PyTorch would refuse stops the deployment instead of the engine's start-up."""
 

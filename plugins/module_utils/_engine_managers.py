@@ -1,6 +1,7 @@
 # -*- coding: utf-8 -*-
 # Copyright: biv100.serving maintainers
-# Apache License 2.0 (see LICENSE)
+# GNU General Public License v3.0+ (see LICENSES/GPL-3.0-or-later.txt or https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
 """The three ways engine_process runs the engine: systemd, supervisord, or its own pid file.
 
 Every manager answers the same questions (which process is the engine, what definition file it

@@ -1,6 +1,7 @@
 # -*- coding: utf-8 -*-
 # Copyright: biv100.serving maintainers
-# Apache License 2.0 (see LICENSE)
+# GNU General Public License v3.0+ (see LICENSES/GPL-3.0-or-later.txt or https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
 """Reading and writing files under a root without ever following a symlink below it.
 
 Runs on the host: standard library only, Python 3.8.
@@ -38,7 +39,7 @@ _STAGED = re.compile(r"^\.(.+)\.[0-9]+\.[0-9a-f]{8}$")
 
 def staged_for(path):
     """The path whose write a temporary file at `path` belongs to, or None if it is none."""
-    folder, _, name = path.rpartition("/")
+    folder, _slash, name = path.rpartition("/")
     match = _STAGED.match(name)
     return folder + "/" * bool(folder) + match.group(1) if match else None
 

@@ -1,6 +1,7 @@
 # -*- coding: utf-8 -*-
 # Copyright: biv100.serving maintainers
-# Apache License 2.0 (see LICENSE)
+# GNU General Public License v3.0+ (see LICENSES/GPL-3.0-or-later.txt or https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
 """Where an installed vllm package keeps the files this collection cares about.
 
 Runs on the host: standard library only, Python 3.8. Nothing here imports vllm; the package is
@@ -214,7 +215,7 @@ def _metadata_version(metadata):
             for line in stream:
                 if not line.strip():
                     break
-                field, _, value = line.partition(":")
+                field, _colon, value = line.partition(":")
                 if field == "Version":
                     return value.strip()
     except OSError:

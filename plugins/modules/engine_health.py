@@ -1,7 +1,8 @@
 #!/usr/bin/python
 # -*- coding: utf-8 -*-
 # Copyright: biv100.serving maintainers
-# Apache License 2.0 (see LICENSE)
+# GNU General Public License v3.0+ (see LICENSES/GPL-3.0-or-later.txt or https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
 
 from __future__ import annotations
 
@@ -16,14 +17,11 @@ description:
     that a card's C(id) is O(served_model_name) and, when O(max_model_len) is given, that the
     card carries it.
   - Loading a large tensor-parallel model takes minutes, hence the long default O(timeout).
-  - Only O(url) is contacted, directly; proxy variables of the environment are ignored.
+  - Only O(url) (C(http://) or C(https://)) is contacted, directly; proxy variables of the
+    environment are ignored. O(api_key) goes with the C(/v1/models) request.
 author:
   - biv100.serving maintainers (!UNKNOWN)
 options:
-  url:
-    description: The engine's base URL.
-    type: str
-    default: http://127.0.0.1:8000
   served_model_name:
     description: The model name the engine serves (its C(--served-model-name)).
     type: str
@@ -31,9 +29,6 @@ options:
   max_model_len:
     description: The context length the model's card must carry.
     type: int
-  api_key:
-    description: The engine's API key, sent as a bearer token to C(/v1/models).
-    type: str
   timeout:
     description: Seconds to wait for the engine in all.
     type: float
@@ -52,6 +47,7 @@ options:
     type: path
 extends_documentation_fragment:
   - ansible.builtin.action_common_attributes
+  - biv100.serving.engine_endpoint
 attributes:
   check_mode:
     support: full

@@ -1,7 +1,8 @@
 #!/usr/bin/python
 # -*- coding: utf-8 -*-
 # Copyright: biv100.serving maintainers
-# Apache License 2.0 (see LICENSE)
+# GNU General Public License v3.0+ (see LICENSES/GPL-3.0-or-later.txt or https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
 
 from __future__ import annotations
 
@@ -15,25 +16,25 @@ description:
     engine's port need not be reachable from the controller, and returns what came back
     (status, JSON body, for streams the events assembled per choice and the final usage) with
     the latency of each.
-  - It judges nothing; the action plugin of the same name loads the probe suites, sends their
-    requests through this module in one call, and evaluates each probe's assertions on the
-    controller.
+  - With O(suites), the action of the same name runs functional probe suites instead - data
+    files of probes, each a request and jmespath expectations over its answer (the format is
+    described in C(plugins/plugin_utils/_probe_suite.py)). It loads and checks the suites on the
+    controller (a bad suite fails the task before any request is sent), sends the selected
+    probes' requests through this module in one call, judges each answer on the controller,
+    and fails the task when a probe fails, naming the first, the expectation it missed and the
+    answer.
+  - Without O(suites) the module only sends O(requests) and judges nothing.
+  - Only C(http://) URLs are probed (the engine's local address).
   - Requests are read-only for the engine, so they are also sent in check mode.
 author:
   - biv100.serving maintainers (!UNKNOWN)
 options:
-  url:
-    description: The engine's base URL as the host reaches it.
-    type: str
-    required: true
-  api_key:
-    description: Sent as a bearer token with every request that does not set O(requests[].auth=false).
-    type: str
   requests:
-    description: The requests, sent in this order.
+    description:
+      - The requests, sent in this order.
+      - Give either O(requests) or O(suites).
     type: list
     elements: dict
-    required: true
     suboptions:
       name:
         description: The probe's name, returned with its answer.
@@ -73,16 +74,69 @@ options:
         type: int
         default: 1
       auth:
-        description: Send O(api_key).
+        description: Send O(api_key) as the bearer token.
         type: bool
         default: true
   excerpt_bytes:
     description: How much of a body that is not JSON is returned.
     type: int
     default: 2000
+  suites:
+    description:
+      - Probe suite files, and folders whose C(*.yml) and C(*.yaml) files are suites, on the
+        controller; a relative path is relative to the current folder.
+      - Probe names must be unique across the suites.
+      - Give either O(suites) or O(requests).
+    type: list
+    elements: path
+  values:
+    description:
+      - What C(${name}) in the suites' requests and expectations stands for
+        (C(served_model_name), C(max_model_len), ...); a name a probe uses and this does not
+        give fails the task.
+      - Read only with O(suites).
+    type: dict
+    default: {}
+  tags:
+    description:
+      - Run only the probes with one of these tags; all when empty.
+      - Read only with O(suites).
+    type: list
+    elements: str
+    default: []
+  skip:
+    description:
+      - Names of probes not to run; a name no probe has fails the task.
+      - Read only with O(suites).
+    type: list
+    elements: str
+    default: []
+  skip_tags:
+    description:
+      - Run none of the probes with one of these tags.
+      - Read only with O(suites).
+    type: list
+    elements: str
+    default: []
+  results_file:
+    description:
+      - A JSON file on the controller to write the run to (the host, the summary, every
+        verdict and every answer), whole or not at all; its folder is made when missing.
+      - Read only with O(suites).
+    type: path
 extends_documentation_fragment:
   - ansible.builtin.action_common_attributes
+  - ansible.builtin.action_common_attributes.flow
+  - biv100.serving.engine_endpoint
 attributes:
+  action:
+    support: full
+    details:
+      - The action of the same name loads the suites and judges the answers on the controller.
+  async:
+    support: none
+  bypass_host_loop:
+    support: none
   check_mode:
     support: full
     details:
@@ -108,12 +162,26 @@ EXAMPLES = r"""
         path: /v1/chat/completions
         body: {model: qwen3_5, messages: [{role: user, content: Hi}], max_tokens: 8}
   register: probed
+
+- name: Run the default functional suite and the team's own, leaving out the slow probes
+  biv100.serving.engine_probe:
+    suites:
+      - "{{ playbook_dir }}/files/probes"
+      - "{{ playbook_dir }}/probes/team.yml"
+    values:
+      served_model_name: qwen3_5
+      max_model_len: 256000
+    skip_tags: [slow]
+    url: http://127.0.0.1:8000
+    api_key: "{{ engine_api_key }}"
+    results_file: "{{ playbook_dir }}/build/probes/{{ inventory_hostname }}.json"
+  register: probe_result
 """
 
 RETURN = r"""
 results:
   description: One answer per request, in order.
-  returned: always
+  returned: without O(suites)
   type: list
   elements: dict
   contains:
@@ -153,6 +221,50 @@ results:
           (each without this key); the other keys are the first copy's.
       type: list
       elements: dict
+summary:
+  description: How many of the probes passed.
+  returned: with O(suites)
+  type: str
+  sample: 49/49 probes passed
+probes:
+  description: One verdict per probe run, in the suites' order.
+  returned: with O(suites)
+  type: list
+  elements: dict
+  contains:
+    name:
+      description: The probe's name.
+      type: str
+    guards:
+      description: The failure the probe guards against.
+      type: str
+    passed:
+      description: Whether the answer met every expectation.
+      type: bool
+    latency_ms:
+      description: Milliseconds the answer took; null when none came.
+      type: float
+    failed_expectation:
+      description: The first expectation the answer did not meet; null when it passed.
+      type: str
+    excerpt:
+      description: The start of the answer that failed (status, error, body, stream); null when it passed.
+      type: str
+table:
+  description: One line per probe - C(pass) or C(FAIL), its name, its latency.
+  returned: with O(suites)
+  type: list
+  elements: str
+  sample: ["pass  models      3 ms", "FAIL  n-two      12 ms"]
+failed_probes:
+  description: The names of the probes that failed.
+  returned: with O(suites)
+  type: list
+  elements: str
+results_file:
+  description: The file the run was written to; null without O(results_file).
+  returned: with O(suites)
+  type: str
 """
 
 import json
@@ -315,7 +427,7 @@ def send_copies(url, api_key, request, excerpt_bytes):
     if concurrent <= 1 and repeat <= 1:
         return send(url, api_key, request, excerpt_bytes)
     if concurrent <= 1:
-        answers = [send(url, api_key, request, excerpt_bytes) for _ in range(repeat)]
+        answers = [send(url, api_key, request, excerpt_bytes) for _copy in range(repeat)]
     else:
         answers = [None] * concurrent
         start = threading.Barrier(concurrent)
@@ -338,12 +450,11 @@ def send_copies(url, api_key, request, excerpt_bytes):
 def main():
     module = AnsibleModule(
         argument_spec=dict(
-            url=dict(type="str", required=True),
+            url=dict(type="str", default="http://127.0.0.1:8000"),
             api_key=dict(type="str", no_log=True),
             requests=dict(
                 type="list",
                 elements="dict",
-                required=True,
                 options=dict(
                     name=dict(type="str", required=True),
                     method=dict(type="str", default="GET"),
@@ -358,7 +469,17 @@ def main():
                 ),
             ),
             excerpt_bytes=dict(type="int", default=2000),
+            # Read by the action of the same name, which sends the module only the requests it
+            # makes of them; here so that the documentation is checked against one spec.
+            suites=dict(type="list", elements="path"),
+            values=dict(type="dict", default={}),
+            tags=dict(type="list", elements="str", default=[]),
+            skip=dict(type="list", elements="str", default=[]),
+            skip_tags=dict(type="list", elements="str", default=[]),
+            results_file=dict(type="path"),
         ),
+        required_one_of=[("requests", "suites")],
+        mutually_exclusive=[("requests", "suites")],
         supports_check_mode=True,
     )
     params = module.params

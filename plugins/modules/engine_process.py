@@ -1,7 +1,8 @@
 #!/usr/bin/python
 # -*- coding: utf-8 -*-
 # Copyright: biv100.serving maintainers
-# Apache License 2.0 (see LICENSE)
+# GNU General Public License v3.0+ (see LICENSES/GPL-3.0-or-later.txt or https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
 
 from __future__ import annotations
 
@@ -580,7 +581,8 @@ def main():
             env=dict(type="dict", default={}),
             env_file=dict(type="path"),
             env_file_content=dict(type="str", no_log=True),
-            secret_env=dict(type="list", elements="str", default=["VLLM_API_KEY"]),
+            # The names of the secret variables, not their values.
+            secret_env=dict(type="list", elements="str", default=["VLLM_API_KEY"], no_log=False),
             cwd=dict(type="path", default="/"),
             state=dict(
                 type="str", choices=["started", "stopped", "restarted", "status"], default="started"

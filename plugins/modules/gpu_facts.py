@@ -1,7 +1,8 @@
 #!/usr/bin/python
 # -*- coding: utf-8 -*-
 # Copyright: biv100.serving maintainers
-# Apache License 2.0 (see LICENSE)
+# GNU General Public License v3.0+ (see LICENSES/GPL-3.0-or-later.txt or https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
 
 from __future__ import absolute_import, division, print_function
 
@@ -242,7 +243,7 @@ def gather(module):
     gpu_rows, error = query(module, ixsmi, "--query-gpu", GPU_FIELDS)
     if gpu_rows is None:
         module.fail_json(msg="%s --query-gpu failed: %s" % (ixsmi, error), ixsmi=ixsmi)
-    process_rows, _ = query(module, ixsmi, "--query-compute-apps", PROCESS_FIELDS)
+    process_rows, _error = query(module, ixsmi, "--query-compute-apps", PROCESS_FIELDS)
     try:
         gpus = sorted((gpu_from_row(row) for row in gpu_rows), key=lambda gpu: gpu["index"])
         processes = attach_processes(gpus, process_rows or [], own_engine_group(module.params["own_pid_file"]))

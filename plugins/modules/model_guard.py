@@ -1,7 +1,8 @@
 #!/usr/bin/python
 # -*- coding: utf-8 -*-
 # Copyright: biv100.serving maintainers
-# Apache License 2.0 (see LICENSE)
+# GNU General Public License v3.0+ (see LICENSES/GPL-3.0-or-later.txt or https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
 
 from __future__ import annotations
 
@@ -40,14 +41,6 @@ description:
 author:
   - biv100.serving maintainers (!UNKNOWN)
 options:
-  state_dir:
-    description: The collection's state store on the host.
-    type: path
-    default: /var/lib/biv100-serving
-  package_root:
-    description: The C(vllm) package directory the guarded paths are relative to.
-    type: path
-    required: true
   protected:
     description:
       - The brief's protected files by name, each the path of the file relative to
@@ -92,6 +85,8 @@ options:
     default: false
 extends_documentation_fragment:
   - ansible.builtin.action_common_attributes
+  - biv100.serving.state_store
+  - biv100.serving.vllm_package
 attributes:
   check_mode:
     support: full

@@ -1,7 +1,8 @@
 #!/usr/bin/python
 # -*- coding: utf-8 -*-
 # Copyright: biv100.serving maintainers
-# Apache License 2.0 (see LICENSE)
+# GNU General Public License v3.0+ (see LICENSES/GPL-3.0-or-later.txt or https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
 
 from __future__ import annotations
 
@@ -51,16 +52,20 @@ options:
       - The playbooks map C(-e serving_lock_break=true) to it.
     type: bool
     default: false
-  state_dir:
-    description: The collection's state store on the host.
-    type: path
-    default: /var/lib/biv100-serving
 extends_documentation_fragment:
   - ansible.builtin.action_common_attributes
   - ansible.builtin.action_common_attributes.flow
+  - biv100.serving.state_store
 attributes:
   action:
     support: full
+    details:
+      - The action of the same name names the run and takes over a dead run's lock; it passes
+        the host half internal C(_)-prefixed options of its own, which tasks do not give.
+  async:
+    support: none
+  bypass_host_loop:
+    support: none
   check_mode:
     support: full
     details:

@@ -1,7 +1,8 @@
 #!/usr/bin/python
 # -*- coding: utf-8 -*-
 # Copyright: biv100.serving maintainers
-# Apache License 2.0 (see LICENSE)
+# GNU General Public License v3.0+ (see LICENSES/GPL-3.0-or-later.txt or https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
 
 from __future__ import absolute_import, division, print_function
 
@@ -12,16 +13,16 @@ DOCUMENTATION = r"""
 module: serving_overlay
 short_description: Install serving-layer files over a host's vLLM as one atomic release
 description:
-  - The host half of the serving-layer deployment. Use it through the action of the same
-    name, which validates the payload on the controller, asks the host for its digests
-    (O(state=inventory)), and sends only the files that differ (O(state=present)).
-  - O(state=inventory) reports, for each path, the sha256 of the installed file and of its
-    pristine vendor copy, and the pristine content of the paths asked for (patch bases).
+  - The action of the same name validates the payload on the controller against the host's
+    facts, asks the host in one round trip for the sha256 of each destination's installed
+    file and of its pristine vendor copy (and the pristine text of the files the payload
+    patches, which it patches on the controller), and sends in a second round trip only the
+    files that differ.
   - Every destination is checked on the host one component at a time, and written, removed or
     read without following a link - a symlink anywhere between the package root and the file,
     or a destination that is not a regular file, refuses the whole release before anything
     changes, naming the entry, the path and the link.
-  - O(state=present) compiles every Python file it receives with the host's own interpreter,
+  - The host half compiles every Python file it receives with the host's own interpreter,
     keeps the pristine vendor copy of every file before its first overwrite, writes the
     release's files, installs each changed file through a temporary file in its own
     directory (fsync, rename), writes the release record last and switches C(current).
@@ -29,15 +30,19 @@ version_added: "0.1.0"
 author:
   - biv100.serving maintainers (!UNKNOWN)
 notes:
-  - The action sends the host half its own parameters (C(state), C(package_root), C(paths),
-    C(files), C(record), C(interpreter)); tasks give only the options below.
+  - The action passes the host half internal options of its own, named with a leading C(_)
+    (C(_state), C(_package_root), C(_files), ...) as ansible.builtin.copy's
+    C(_original_basename) is; tasks give only the options below.
   - Needs the facts of M(biv100.serving.vllm_facts) (package root, layout, interpreter,
     registry and model) gathered first in the play.
 options:
   payload_dir:
-    description: The payload folder, holding C(manifest.yml) and the files and patches it names.
+    description:
+      - The payload folder, holding C(manifest.yml) and the files and patches it names, on the
+        controller; a relative path is found beside the playbook, as other plugins find their
+        files.
+      - Required unless O(plan) is given.
     type: path
-    required: true
   release:
     description:
       - The release id, usually the submission id (C(sub510)).
@@ -48,11 +53,8 @@ options:
       - The id of a new release when O(release) is not given, normally one UTC timestamp made
         once on the controller for every host.
       - When nothing differs from the current release, no release is made.
+      - One of O(release) and O(auto_release) is required unless O(plan) is given.
     type: str
-  state_dir:
-    description: The collection's state store on the host.
-    type: path
-    default: /var/lib/biv100-serving
   protected_extra:
     description: Model-layer paths protected beyond the brief's twelve, relative to the package root.
     type: list
@@ -72,7 +74,18 @@ options:
     type: dict
 extends_documentation_fragment:
   - ansible.builtin.action_common_attributes
+  - ansible.builtin.action_common_attributes.flow
+  - biv100.serving.state_store
 attributes:
+  action:
+    support: full
+    details:
+      - The action of the same name plans the release on the controller and sends the host
+        half only what differs.
+  async:
+    support: none
+  bypass_host_loop:
+    support: none
   check_mode:
     support: full
     details:
@@ -192,7 +205,7 @@ class Host(object):
     def __init__(self, module):
         self.module = module
         self.store = StateDir(module.params["state_dir"])
-        self.package = Tree(module.params["package_root"])
+        self.package = Tree(module.params["_package_root"])
         self.state = Tree(self.store.root)
         self.index = read_json(self.store.base_index, default={})
 
@@ -228,7 +241,7 @@ class Host(object):
         if unsafe:
             self.module.fail_json(
                 msg="refusing to write through the host's own tree under %s (nothing changed): %s"
-                % (self.module.params["package_root"], "; ".join(unsafe[path] for path in sorted(unsafe))),
+                % (self.module.params["_package_root"], "; ".join(unsafe[path] for path in sorted(unsafe))),
                 unsafe=unsafe,
             )
 
@@ -246,7 +259,7 @@ def inventory(module, host):
     whose folders the vendor base lacks is reported with the folders a write would create.
     """
     files, unsafe = {}, {}
-    for path in sorted(set(module.params["paths"]) | set(host.index)):
+    for path in sorted(set(module.params["_paths"]) | set(host.index)):
         try:
             found = host.package.inspect(path)
             entry = {
@@ -255,7 +268,7 @@ def inventory(module, host):
             }
             if found["missing"]:
                 entry["new_folders"] = found["missing"]
-            if path in module.params["pristine_content"] and entry["pristine"]:
+            if path in module.params["_pristine_content"] and entry["pristine"]:
                 tree, name = host.pristine(path)
                 entry["pristine_content"] = base64.b64encode(tree.read(name)).decode("ascii")
         except UnsafePath as error:
@@ -284,9 +297,9 @@ def refuse_moved(module, host):
     a file whose installed or pristine content changed, or another release made current."""
     moved = []
     current = host.store.current_release()
-    if current != module.params["expect_current"]:
-        moved.append("current release %s, planned on %s" % (current or "none", module.params["expect_current"] or "none"))
-    for path, planned in sorted(module.params["expect"].items()):
+    if current != module.params["_expect_current"]:
+        moved.append("current release %s, planned on %s" % (current or "none", module.params["_expect_current"] or "none"))
+    for path, planned in sorted(module.params["_expect"].items()):
         found = {"current": host.package.digest(path), "pristine": host.pristine_digest(path)}
         moved.extend("%s %s %s, planned on %s" % (path, key, short(found[key]), short(planned.get(key)))
                      for key in ("current", "pristine") if found[key] != planned.get(key))
@@ -302,12 +315,12 @@ def short(digest):
 def refuse_uncompilable(module, contents):
     """Compile every Python file with the engine's interpreter before anything is written;
     the plan of this run compiled some already (`compiled`: their sha256)."""
-    checked = set(module.params["compiled"])
+    checked = set(module.params["_compiled"])
     python_files = sorted(path for path, data in contents.items()
                           if path.endswith(".py") and hashlib.sha256(data).hexdigest() not in checked)
     if not python_files:
         return
-    interpreter = module.params["interpreter"]
+    interpreter = module.params["_interpreter"]
     scratch = tempfile.mkdtemp(prefix="biv100-compile-")
     try:
         arguments = []
@@ -405,10 +418,10 @@ def present(module, host):
     release = module.params["release"]
     if not release or "/" in release or release.startswith("."):
         module.fail_json(msg="release must be a plain name such as sub510, got %r" % release)
-    desired = dict((item["path"], item.get("sha256")) for item in module.params["files"])
+    desired = dict((item["path"], item.get("sha256")) for item in module.params["_files"])
     # Checked again here, not only in the inventory round trip: the tree may have changed since.
     host.refuse_unsafe(sorted(set(desired) | set(host.index)))
-    if module.params["expect"] is not None:
+    if module.params["_expect"] is not None:
         refuse_moved(module, host)
     previous = current_release(store)
     existing = read_json(store.release_record(release))
@@ -417,7 +430,7 @@ def present(module, host):
             msg="release %s already exists on this host with other content; releases are "
             "immutable: deploy under a new id" % release
         )
-    changes = plan_changes(module, host, desired, decoded(module, module.params["files"]))
+    changes = plan_changes(module, host, desired, decoded(module, module.params["_files"]))
     if not changes and previous["id"] == release:
         module.exit_json(changed=False, release=release, changed_files=[], current_release=previous)
 
@@ -456,27 +469,42 @@ def present(module, host):
 def main():
     module = AnsibleModule(
         argument_spec=dict(
-            state=dict(type="str", choices=["inventory", "present", "verify"], default="present"),
-            package_root=dict(type="path", required=True),
-            state_dir=dict(type="path", default="/var/lib/biv100-serving"),
-            paths=dict(type="list", elements="str", default=[]),
-            pristine_content=dict(type="list", elements="str", default=[]),
+            # The task's options, as documented. The action of the same name reads payload_dir,
+            # auto_release, protected_extra and plan itself and never sends them; they are here so
+            # that the documentation is checked against one spec.
+            payload_dir=dict(type="path"),
             release=dict(type="str"),
-            files=dict(type="list", elements="dict", default=[]),
+            auto_release=dict(type="str"),
+            state_dir=dict(type="path", default="/var/lib/biv100-serving"),
+            protected_extra=dict(type="list", elements="str", default=[]),
             record=dict(type="dict", default={}),
-            interpreter=dict(type="path"),
-            expect=dict(type="dict"),
-            expect_current=dict(type="str"),
-            compiled=dict(type="list", elements="str", default=[]),
+            plan=dict(type="dict"),
+            # What the action tells the host half (as ansible.builtin.copy's _original_basename):
+            # undocumented, so with a type only, no default, and the lists the action makes as
+            # raw (a list type needs its elements documented); the defaults are filled in below.
+            _state=dict(type="str"),
+            _package_root=dict(type="path"),
+            _paths=dict(type="raw"),
+            _pristine_content=dict(type="raw"),
+            _files=dict(type="raw"),
+            _interpreter=dict(type="path"),
+            _expect=dict(type="dict"),
+            _expect_current=dict(type="str"),
+            _compiled=dict(type="raw"),
         ),
-        required_if=[("state", "present", ("release", "interpreter")), ("state", "verify", ("expect",))],
+        required_if=[("_state", "present", ("release", "_interpreter")), ("_state", "verify", ("_expect",))],
         supports_check_mode=True,
     )
+    for name in ("_paths", "_pristine_content", "_files", "_compiled"):
+        module.params[name] = module.params[name] or []
+    if module.params["_state"] not in ("inventory", "present", "verify") or not module.params["_package_root"]:
+        module.fail_json(msg="serving_overlay runs through its action plugin, which tells the host half what to "
+                             "do (_state inventory, present or verify) and where (_package_root)")
     host = Host(module)
-    if module.params["state"] == "inventory":
+    if module.params["_state"] == "inventory":
         inventory(module, host)
-    if module.params["state"] == "verify":
-        host.refuse_unsafe(sorted(module.params["expect"] or {}))
+    if module.params["_state"] == "verify":
+        host.refuse_unsafe(sorted(module.params["_expect"] or {}))
         refuse_moved(module, host)
         module.exit_json(changed=False, msg="the host is as this run planned it")
     try:
@@ -485,7 +513,7 @@ def main():
         # A link that appeared after the checks, before anything was written or in between
         # whole files: the release is not recorded, so a re-run starts over.
         module.fail_json(msg="refusing to write through the host's own tree under %s: %s"
-                         % (module.params["package_root"], error))
+                         % (module.params["_package_root"], error))
 
 
 if __name__ == "__main__":

@@ -1,7 +1,8 @@
 #!/usr/bin/python
 # -*- coding: utf-8 -*-
 # Copyright: biv100.serving maintainers
-# Apache License 2.0 (see LICENSE)
+# GNU General Public License v3.0+ (see LICENSES/GPL-3.0-or-later.txt or https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
 
 from __future__ import annotations
 
@@ -21,10 +22,6 @@ description:
 author:
   - biv100.serving maintainers (!UNKNOWN)
 options:
-  state_dir:
-    description: The collection's state store.
-    type: path
-    default: /var/lib/biv100-serving
   keep_good:
     description: How many releases proven good are kept (at least 1).
     type: int
@@ -35,6 +32,7 @@ options:
     default: 14
 extends_documentation_fragment:
   - ansible.builtin.action_common_attributes
+  - biv100.serving.state_store
 attributes:
   check_mode:
     support: full

@@ -1,7 +1,8 @@
 #!/usr/bin/python
 # -*- coding: utf-8 -*-
 # Copyright: biv100.serving maintainers
-# Apache License 2.0 (see LICENSE)
+# GNU General Public License v3.0+ (see LICENSES/GPL-3.0-or-later.txt or https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
 
 from __future__ import annotations
 
@@ -31,14 +32,6 @@ description:
 author:
   - biv100.serving maintainers (!UNKNOWN)
 options:
-  state_dir:
-    description: The collection's state store.
-    type: path
-    default: /var/lib/biv100-serving
-  package_root:
-    description: The installed C(vllm) package.
-    type: path
-    required: true
   to:
     description: V(previous), V(last_good), V(base), or a release id such as C(sub168).
     type: str
@@ -62,6 +55,8 @@ options:
     default: false
 extends_documentation_fragment:
   - ansible.builtin.action_common_attributes
+  - biv100.serving.state_store
+  - biv100.serving.vllm_package
 attributes:
   check_mode:
     support: full
@@ -227,7 +222,7 @@ def restore(store, package, changes):
             package.remove(path)
         else:
             package.write(path, kept.read(source))
-    wrong = [path for path, (digest, _) in changes.items() if package.digest(path) != digest]
+    wrong = [path for path, (digest, _source) in changes.items() if package.digest(path) != digest]
     if wrong:
         raise RollbackError("after restoring, these files still differ: %s" % ", ".join(sorted(wrong)))
 
@@ -291,7 +286,7 @@ def main():
             "before": "current: %s\n" % (current or BASE) + "".join(
                 "%s %s\n" % (path, installed[path]) for path in sorted(changes)),
             "after": "current: %s\n" % (target or BASE) + "".join(
-                "%s %s\n" % (path, digest) for path, (digest, _) in sorted(changes.items())),
+                "%s %s\n" % (path, digest) for path, (digest, _source) in sorted(changes.items())),
         }
     if changed and not module.check_mode:
         try:

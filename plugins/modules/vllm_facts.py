@@ -1,7 +1,8 @@
 #!/usr/bin/python
 # -*- coding: utf-8 -*-
 # Copyright: biv100.serving maintainers
-# Apache License 2.0 (see LICENSE)
+# GNU General Public License v3.0+ (see LICENSES/GPL-3.0-or-later.txt or https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
 
 from __future__ import annotations
 
@@ -49,11 +50,10 @@ options:
       - The collection's state store. Where it keeps the vendor's pristine C(registry.py)
         (because a release patched it), RV(vllm_facts.model.missing_in_base) is decided
         from that copy rather than from the installed file.
-    type: path
-    default: /var/lib/biv100-serving
 extends_documentation_fragment:
   - ansible.builtin.action_common_attributes
   - ansible.builtin.action_common_attributes.facts
+  - biv100.serving.state_store
 attributes:
   check_mode:
     support: full

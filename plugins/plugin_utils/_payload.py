@@ -1,3 +1,6 @@
+# Copyright: biv100.serving maintainers
+# GNU General Public License v3.0+ (see LICENSES/GPL-3.0-or-later.txt or https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
 """The payload: files/serving/manifest.yml and the files it names, validated strictly.
 
 Controller side. The manifest is checked on its own first (load_manifest: keys, kinds, names,

@@ -1,3 +1,6 @@
+# Copyright: biv100.serving maintainers
+# GNU General Public License v3.0+ (see LICENSES/GPL-3.0-or-later.txt or https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
 """Functional probes as data: loading and checking suites, filling in the engine's values,
 and judging answers with jmespath. Controller side only.
 
@@ -34,9 +37,22 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import jmespath
 import yaml
-from jmespath.exceptions import JMESPathError
+
+# jmespath is a controller requirement (requirements.txt), not one of ansible-core's: without it
+# the plugins still load, and a run that has probes to judge fails naming the package.
+try:
+    import jmespath
+    from jmespath.exceptions import JMESPathError
+except ImportError as error:
+    jmespath = None
+    JMESPATH_IMPORT_ERROR: ImportError | None = error
+
+    class JMESPathError(ValueError):
+        """Stands in for jmespath's error class, which nothing raises without jmespath."""
+
+else:
+    JMESPATH_IMPORT_ERROR = None
 
 PROBE_KEYS = {"name", "tags", "guards", "request", "expect"}
 REQUEST_KEYS = {"method", "path", "body", "raw_body", "stream", "timeout", "concurrent", "repeat",
@@ -74,6 +90,9 @@ def suite_files(paths: list[str]) -> list[Path]:
 
 
 def load_suites(paths: list[str]) -> list[Probe]:
+    if jmespath is None:
+        raise SuiteError(f"the probes' expectations need the jmespath Python package on the controller "
+                         f"(requirements.txt): {JMESPATH_IMPORT_ERROR}")
     probes: list[Probe] = []
     seen: dict[str, str] = {}
     for path in suite_files(paths):

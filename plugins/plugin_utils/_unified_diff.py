@@ -1,3 +1,6 @@
+# Copyright: biv100.serving maintainers
+# GNU General Public License v3.0+ (see LICENSES/GPL-3.0-or-later.txt or https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
 """Apply a single-file unified diff strictly, hunk by hunk.
 
 Controller side (Python 3.11, standard library only). The payload's `patch` entries are applied
@@ -129,7 +132,7 @@ def _unexpected_line(lines: list[str], index: int, filename: str) -> PatchError:
 def _read_hunk(lines: list[str], index: int, number: int, filename: str) -> tuple[_Hunk, int]:
     """The hunk whose header is lines[index], and the index of the line after it."""
     header = _HUNK_HEADER.match(lines[index])
-    old_start, old_count, _, new_count = (
+    old_start, old_count, _new_start, new_count = (
         int(value) if value is not None else 1 for value in header.groups()
     )
     # An empty old side states the line *after which* the new lines go.
@@ -263,17 +266,27 @@ def _describe(text: str, ends_with_newline: bool) -> str:
     return repr(text) if ends_with_newline else f"{text!r} (no newline at end of file)"
 
 
-def _replacement(hunk: _Hunk, matched: list[str], newline: str) -> Iterator[str]:
+def _replacement(hunk: _Hunk, matched: list[str], newline: str) -> list[str]:
     """The hunk's new side: context lines verbatim from the original (their own endings),
-    added lines with the file's newline."""
+    added lines with the file's newline. `matched` holds the original lines the hunk's context
+    and removed lines matched, one each."""
+    # Checked before any line is taken: running out of `matched` halfway would otherwise end
+    # in a StopIteration (a RuntimeError once it leaves a generator) instead of a PatchError.
+    if len(matched) != len(hunk.old_lines):
+        raise PatchError(
+            f"hunk {hunk.number} ({hunk.header}) has {len(hunk.old_lines)} context and removed "
+            f"lines, but {len(matched)} original lines were matched for it"
+        )
     remaining = iter(matched)
+    replacement = []
     for line in hunk.lines:
         if line.kind == _ADDED:
-            yield line.text + (newline if line.ends_with_newline else "")
+            replacement.append(line.text + (newline if line.ends_with_newline else ""))
             continue
         original = next(remaining)
         if line.kind == _CONTEXT:
-            yield original
+            replacement.append(original)
+    return replacement
 
 
 # --- lines ----------------------------------------------------------------------------------

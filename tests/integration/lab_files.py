@@ -10,7 +10,8 @@ from pathlib import Path
 
 import yaml
 
-from lab import descendants  # noqa: F401  (re-exported: the tests find their helpers here)
+# Re-exported: the tests find their helpers here.
+from lab import descendants  # noqa: F401  # pylint: disable=unused-import
 from playbook_runs import REPO
 
 STATE = "/var/lib/biv100-serving"

@@ -82,7 +82,7 @@ def _runner_arguments(playbook, inventory, tmp_path, extravars, limit, check) ->
         project_dir=str(REPO),
         playbook=str(REPO / playbook),
         inventory=str(inventory),
-        # The ledger goes to the test's folder, not beside the repository's lab inventory.
+        # The ledger goes to the test's folder, not into the project's ledger/lab/.
         envvars={"ANSIBLE_CONFIG": str(REPO / "ansible.cfg"), "BIV100_LEDGER_DIR": str(tmp_path / "ledger")},
         extravars=extravars or {},
         limit=limit,

@@ -118,7 +118,7 @@ def test_the_platform_run_file_carries_the_same_variables(lab, first_deploy):
     assert document["env"]["PYTORCH_CUDA_ALLOC_CONF"] == "garbage_collection_threshold:0.8,max_split_size_mb:512"
     parameters = document["parameters"]
     assert {key: parameters[key] for key in SUB168_ARGS} == SUB168_ARGS
-    argv, _ = engine_process(lab.hosts[0])
+    argv, _env = engine_process(lab.hosts[0])
     # The platform starts vLLM with the very arguments the fleet's engine got.
     assert document["command"][3:] == argv[3:]
 
@@ -215,7 +215,7 @@ def test_an_engine_that_never_gets_healthy_fails_the_host_with_its_log_tail(lab,
     run = run_playbook(DEPLOY, lab.inventory_path, tmp_path / "never", limit=host.name, extravars={
         "serving_release": "sub510", "engine_env": never, "engine_health_timeout": 3})
     assert run.hosts_with("failures") == {host.name}
-    message, *_ = [text for text in run.failure_messages(host.name) if "not healthy" in text]
+    message, *_others = [text for text in run.failure_messages(host.name) if "not healthy" in text]
     assert "not healthy after 3 s" in message and message.endswith(" in log_tail")
     # This start's own words, from its log, and nothing of the engine it replaced: once, in the
     # failed task's log_tail.
@@ -535,7 +535,7 @@ def test_a_host_locked_by_another_run_is_refused_naming_the_holder(lab, first_de
     finally:
         lock.unlink()
     assert run.hosts_with("failures") == {locked.name}
-    message, *_ = [m for m in run.failure_messages(locked.name) if "is held by" in m]
+    message, *_others = [m for m in run.failure_messages(locked.name) if "is held by" in m]
     assert "run 20261129T101500Z-42 (alice@ci-runner-7, pid 4242, playbook deploy.yml, release sub509)" in message
     assert "serving_lock_break=true" in message
     assert {host.name for host in others} <= run.hosts_with("ok")

@@ -35,8 +35,8 @@ def machine_state() -> dict:
     """What the lab may change on the machine and must restore."""
     return {
         "mountinfo": Path("/proc/self/mountinfo").read_text(),
-        "netns": subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout,
-        "routes": subprocess.run(["ip", "route"], capture_output=True, text=True).stdout,
+        "netns": subprocess.run(["ip", "netns", "list"], capture_output=True, text=True, check=False).stdout,
+        "routes": subprocess.run(["ip", "route"], capture_output=True, text=True, check=False).stdout,
         "links": sorted(os.listdir("/sys/class/net")),
         "mount_points": {path: os.path.exists(path) for path in host_tree.PRIVATE_MOUNTS},
         "run": sorted(os.listdir("/run")),
@@ -66,7 +66,7 @@ def lab(machine_before, tmp_path_factory):
 
 def ssh(lab: testlab.Lab, host: testlab.LabHost, command: str, check: bool = True):
     result = subprocess.run(lab.ssh_command(host, command), capture_output=True, text=True,
-                            timeout=30)
+                            timeout=30, check=False)
     if check:
         assert result.returncode == 0, f"{host.name}: {command}: {result.stderr}"
     return result
@@ -102,7 +102,7 @@ def assert_machine_restored(before: dict) -> None:
     after = machine_state()
     assert not re.search(r"^lab-h\d+", after["netns"], re.MULTILINE)
     assert testlab.BRIDGE not in after["links"]
-    assert testlab.SUBNET.split("/")[0] not in after["routes"]
+    assert testlab.SUBNET.split("/", maxsplit=1)[0] not in after["routes"]
     assert after == before
 
 
@@ -124,7 +124,7 @@ def test_every_host_answers_ssh_with_strict_host_key_checking(lab):
             ["ssh", "-o", f"UserKnownHostsFile={lab.known_hosts}",
              "-o", "StrictHostKeyChecking=yes", "-i", str(lab.private_key),
              f"root@{host.ip}", "hostname"],
-            capture_output=True, text=True, timeout=30,
+            capture_output=True, text=True, timeout=30, check=False,
         )
         assert (result.returncode, result.stdout.strip()) == (0, host.name), result.stderr
 
@@ -134,7 +134,7 @@ def test_an_unknown_host_key_is_refused(lab):
         ["ssh", "-F", "none", "-o", "UserKnownHostsFile=/dev/null",
          "-o", "StrictHostKeyChecking=yes", "-o", "BatchMode=yes", "-i", str(lab.private_key),
          f"root@{lab.hosts[0].ip}", "true"],
-        capture_output=True, text=True, timeout=30,
+        capture_output=True, text=True, timeout=30, check=False,
     )
     assert result.returncode == 255
     assert "Host key verification failed" in result.stderr
@@ -316,7 +316,7 @@ def test_inventory_reaches_every_host_with_ansible(lab):
     assert ansible.exists(), "ansible-core is installed beside this Python by `make setup`"
     result = subprocess.run(
         [str(ansible), "-i", str(lab.inventory_path), "biv100", "-m", "ansible.builtin.ping"],
-        capture_output=True, text=True, timeout=120, cwd=testlab.REPO_ROOT,
+        capture_output=True, text=True, timeout=120, check=False, cwd=testlab.REPO_ROOT,
         env={**os.environ, "ANSIBLE_CONFIG": str(testlab.REPO_ROOT / "ansible.cfg")},
     )
     assert result.returncode == 0, result.stdout + result.stderr
@@ -351,7 +351,7 @@ def test_down_cleans_up_an_interrupted_up(machine_before, tmp_path):
     # starting or about to.
     deadline = time.monotonic() + 60
     while "lab-h3" not in subprocess.run(["ip", "netns", "list"], capture_output=True,
-                                         text=True).stdout:
+                                         text=True, check=False).stdout:
         assert up.poll() is None and time.monotonic() < deadline, "up ended before the kill"
         time.sleep(0.01)
     os.killpg(up.pid, signal.SIGKILL)

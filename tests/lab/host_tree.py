@@ -154,7 +154,7 @@ def build_host_tree(tree: Path, host: HostSpec, vllm_release: Path, authorized_k
         "models": models,
         "registers_qwen3_5": host.variant == VENDOR,
         "supervisorctl": SUPERVISORCTL if host.supervisord else None,
-        "package_sha256": {path: digest.hex() for path, (digest, _) in digests.items()},
+        "package_sha256": {path: digest.hex() for path, (digest, _size) in digests.items()},
     }
 
 

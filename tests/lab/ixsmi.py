@@ -73,7 +73,7 @@ def parse_args(argv):
     """Return (mode, fields, format options); nvidia-smi's `--opt=value` spelling only."""
     mode, fields, formats = "table", [], None
     for arg in argv:
-        name, _, value = arg.partition("=")
+        name, _equals, value = arg.partition("=")
         if arg in ("-h", "--help"):
             mode = "help"
         elif arg in ("-L", "--list-gpus"):
@@ -104,7 +104,7 @@ def csv_report(rows, fields, known_fields, formats):
     for row in rows:
         cells = []
         for field in fields:
-            _, unit, value_of = known_fields[field]
+            _header, unit, value_of = known_fields[field]
             value = str(value_of(row))
             cells.append(value if not unit or "nounits" in formats else f"{value} {unit}")
         lines.append(", ".join(cells))

@@ -374,7 +374,7 @@ def _machine_lock():
 
 def _run(command: list[str], **kwargs) -> subprocess.CompletedProcess:
     """Run a command that must succeed; its stderr is in the error if it does not."""
-    result = subprocess.run(command, capture_output=True, text=True, **kwargs)
+    result = subprocess.run(command, capture_output=True, text=True, check=False, **kwargs)
     if result.returncode != 0:
         raise LabError(f"{' '.join(command)} failed ({result.returncode}): {result.stderr.strip()}")
     return result
@@ -383,7 +383,7 @@ def _run(command: list[str], **kwargs) -> subprocess.CompletedProcess:
 def _bridge_owner() -> Path | None:
     """The lab dir recorded on the lab's bridge, if the bridge exists and has one."""
     result = subprocess.run(["ip", "-j", "link", "show", "dev", BRIDGE],
-                            capture_output=True, text=True)
+                            capture_output=True, text=True, check=False)
     if result.returncode != 0:
         return None
     alias = json.loads(result.stdout)[0].get("ifalias")
@@ -662,7 +662,7 @@ def _start_sshds(layout: LabDir, specs: list[host_tree.HostSpec]) -> list[int]:
     ]
     # sshd forks into the background once it is set up; the foreground process then exits.
     for spec, launch in zip(specs, launches):
-        _, stderr = launch.communicate(timeout=READY_TIMEOUT_SECONDS)
+        _stdout, stderr = launch.communicate(timeout=READY_TIMEOUT_SECONDS)
         if launch.returncode != 0:
             raise LabError(f"{spec.name}'s sshd did not start: {stderr.strip()}"
                            f"{_log_tail(layout.sshd_log(spec.index))}")
@@ -741,7 +741,7 @@ def _check_ssh(lab: Lab) -> None:
     def answer_of(host: LabHost) -> str:
         command = "hostname" + (f" && {host.supervisorctl} pid" if host.supervisorctl else "")
         result = subprocess.run(lab.ssh_command(host, command), capture_output=True,
-                                text=True, timeout=30)
+                                text=True, timeout=30, check=False)
         return result.stdout.strip() or result.stderr.strip()
 
     def healthy(host: LabHost, answer: str) -> bool:
@@ -897,7 +897,7 @@ def _remove_network(indices: list[int]) -> None:
 
 
 def _link_exists(name: str) -> bool:
-    return subprocess.run(["ip", "link", "show", "dev", name], capture_output=True).returncode == 0
+    return subprocess.run(["ip", "link", "show", "dev", name], capture_output=True, check=False).returncode == 0
 
 
 def _restore_machine_dirs(record: dict) -> None:
@@ -939,7 +939,7 @@ def _parse_gpus(text: str) -> dict[str, int]:
     """`h2=2,h3=8` -> {"h2": 2, "h3": 8}."""
     gpus = {}
     for item in filter(None, text.split(",")):
-        name, _, count = item.partition("=")
+        name, _equals, count = item.partition("=")
         if not count.isdigit():
             raise argparse.ArgumentTypeError(f"{item!r} is not HOST=COUNT, e.g. h2=2")
         gpus[name.strip()] = int(count)
@@ -963,7 +963,7 @@ def _print_status(layout: LabDir) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="lab.py", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="lab.py", description=__doc__.split("\n\n", maxsplit=1)[0])
     commands = parser.add_subparsers(dest="command", required=True)
     up_parser = commands.add_parser("up", help="build the lab's hosts and start them")
     up_parser.add_argument("--hosts", type=int, default=DEFAULT_HOSTS,

@@ -1,9 +1,16 @@
-"""Shared set-up of the unit tests: the real vLLM source trees."""
+"""Shared set-up of the unit tests: the real vLLM source trees, and copies of the checkout."""
 
 from __future__ import annotations
 
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
 import pytest
 import vllm_sources  # tests/lab is on the path through pytest.ini, like the collection
+
+REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="session")
@@ -13,3 +20,26 @@ def vllm_trees():
         version: vllm_sources.ensure_tree(version) / "vllm"
         for version in vllm_sources.LAYOUT_VERSIONS
     }
+
+
+@pytest.fixture(scope="session")
+def checkout_copy():
+    """copy(destination): the files a clean checkout of this working tree has (tracked, and new ones
+    not ignored), as they are now, copied to destination. Tests of what the collection packs work
+    on a copy, so that nothing else a tool left in the tree, or a file changed meanwhile, counts."""
+
+    def copy(destination: Path) -> Path:
+        listed = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
+                                cwd=REPO, capture_output=True, check=True).stdout.decode().split("\0")
+        for name in filter(None, listed):
+            source, target = REPO / name, destination / name
+            if not source.is_symlink() and not source.exists():
+                continue  # deleted in the working tree
+            target.parent.mkdir(parents=True, exist_ok=True)
+            if source.is_symlink():
+                os.symlink(os.readlink(source), target)
+            else:
+                shutil.copy2(source, target)
+        return destination
+
+    return copy

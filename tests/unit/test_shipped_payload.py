@@ -84,7 +84,7 @@ QWEN3_5 = {
 def test_the_registry_patch_registers_qwen3_5_and_changes_nothing_else(base_tree):
     entry = entry_named("qwen3-5-registry")
     assert entry["when"] == "model_unregistered"  # the base may register Qwen3_5 itself
-    before, _ = parse_registry(base_source(base_tree, "registry.py"))
+    before, _unresolved = parse_registry(base_source(base_tree, "registry.py"))
     after, unresolved = parse_registry(patched_source(base_tree, entry))
     assert unresolved == []
     assert {name: after[name] for name in QWEN3_5} == QWEN3_5

@@ -302,7 +302,7 @@ def _extract_reasoning(text):
     """Qwen3ReasoningParser.extract_reasoning_content: both tags, or nothing is reasoning."""
     if model.THINK_START not in text or model.THINK_END not in text:
         return None, text
-    reasoning, _, content = text.partition(model.THINK_START)[2].partition(model.THINK_END)
+    reasoning, _end, content = text.partition(model.THINK_START)[2].partition(model.THINK_END)
     return reasoning, content or None
 
 

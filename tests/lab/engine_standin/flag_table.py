@@ -88,7 +88,7 @@ def _subscript_args(node):
 def field_spec(model, name, annotation):
     """The argparse kwargs (as JSON-able data) of one dataclass field."""
     hints = model.type_hints(annotation)
-    names = {hint_name for hint_name, _ in hints}
+    names = {hint_name for hint_name, _hint in hints}
     spec = _spec_for(model, name, hints, names)
     if "None" in names and spec.get("action") != "bool":
         spec["optional"] = True

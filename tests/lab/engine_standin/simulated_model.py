@@ -50,7 +50,7 @@ class TokenStream:
         return low + self.draw(high - low + 1)
 
     def words(self, count):
-        return " ".join(VOCABULARY[self.draw(len(VOCABULARY))] for _ in range(count))
+        return " ".join(VOCABULARY[self.draw(len(VOCABULARY))] for _word in range(count))
 
     def sentence(self, bounds):
         text = self.words(self.length(bounds))

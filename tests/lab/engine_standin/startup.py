@@ -35,7 +35,7 @@ def visible_gpu_count(environ):
         return len([device for device in visible.split(",") if device.strip()])
     ixsmi = environ.get("BIV100_STANDIN_IXSMI", DEFAULT_IXSMI)
     try:
-        listing = subprocess.run([ixsmi, "-L"], capture_output=True, text=True, timeout=10)
+        listing = subprocess.run([ixsmi, "-L"], capture_output=True, text=True, timeout=10, check=False)
     except OSError:
         return 0  # no driver tool: CUDA sees no device either
     return len([line for line in listing.stdout.splitlines() if line.startswith("GPU ")])

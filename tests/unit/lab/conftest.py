@@ -17,8 +17,9 @@ def start(tmp_path, base_vllm):
     """Start engines on fresh hosts; every process started is stopped by its PID."""
     engines = []
 
-    def start_engine(flags=ENGINE_FLAGS, env=None, patched=False, wait=True, **host_options):
+    def start_engine(flags=None, env=None, patched=False, wait=True, **host_options):
         host = make_host(tmp_path / f"host{len(engines)}", base_vllm, patched, **host_options)
+        flags = ENGINE_FLAGS if flags is None else flags
         engine = Engine(host, flags, env, **({"load_seconds": env.pop("LOAD")}
                                              if env and "LOAD" in env else {}))
         engines.append(engine)

@@ -49,7 +49,7 @@ def patched(tmp_path_factory, base_vllm):
     engine.stop()
 
 
-def failed_start(start, flags=ENGINE_FLAGS, **options):
+def failed_start(start, flags=None, **options):
     engine = start(flags, wait=False, **options)
     return engine.wait_exit(), engine.output()
 
@@ -107,7 +107,7 @@ def test_tool_parser_must_be_registered_in_the_release(start):
 def test_help_says_it_is_the_simulated_engine():
     result = subprocess.run([sys.executable, "-m", "engine_standin", "--help"],
                             env=dict(os.environ, PYTHONPATH=str(LAB_DIR)),
-                            capture_output=True, text=True)
+                            capture_output=True, text=True, check=False)
     assert result.returncode == 0 and "simulated engine" in result.stdout
 
 
@@ -324,7 +324,7 @@ def test_auto_tool_call_is_a_qwen3_style_tool_call(stock):
 
 
 def test_streamed_tool_call(stock):
-    chunks, _ = stock.stream(**tool_request(chat_template_kwargs={"enable_thinking": False}))
+    chunks, _events = stock.stream(**tool_request(chat_template_kwargs={"enable_thinking": False}))
     calls = [delta for chunk in chunks for delta in chunk["choices"][0]["delta"]
              .get("tool_calls", [])]
     assert calls[0]["function"]["name"] == "get_weather" and calls[0]["id"]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import importlib
 from pathlib import Path
 
 import pytest
@@ -11,6 +12,7 @@ import yaml
 PLUGINS = Path(__file__).resolve().parents[3] / "plugins"
 DOCUMENTED = sorted([*PLUGINS.glob("modules/*.py"), *PLUGINS.glob("callback/*.py")])
 FILTER_DOCS = sorted(PLUGINS.glob("filter/*.yml"))
+FRAGMENTS = sorted(path.stem for path in PLUGINS.glob("doc_fragments/*.py"))
 
 
 def documentation_strings(path: Path) -> dict[str, str]:
@@ -35,3 +37,13 @@ def test_the_documentation_strings_parse(path):
 def test_the_filter_documentation_parses(path):
     document = yaml.safe_load(path.read_text())
     assert document["DOCUMENTATION"]["short_description"] and "RETURN" in document
+
+
+@pytest.mark.parametrize("name", FRAGMENTS)
+def test_each_doc_fragment_parses_and_is_used(name):
+    fragment = importlib.import_module(f"ansible_collections.biv100.serving.plugins.doc_fragments.{name}")
+    assert yaml.safe_load(fragment.ModuleDocFragment.DOCUMENTATION)["options"]
+    users = [path.name for path in DOCUMENTED
+             if f"biv100.serving.{name}" in (yaml.safe_load(documentation_strings(path)["DOCUMENTATION"])
+                                             .get("extends_documentation_fragment") or [])]
+    assert len(users) >= 2, users

@@ -146,7 +146,7 @@ def test_a_real_run_names_its_ansible_playbook_and_takes_over_a_dead_runs_lock(t
         stderr=subprocess.STDOUT,
         text=True,
     )
-    output, _ = playbook.communicate(timeout=120)
+    output, _stderr = playbook.communicate(timeout=120)
     assert playbook.returncode == 0, output
     results = json.loads((tmp_path / "results.json").read_text())
 

@@ -19,8 +19,9 @@ ENGINE_ARGS = {**SUB168, "tool_call_parser": "qwen3_coder", "reasoning_parser": 
 LAUNCH = {"model_path": "/opt/models/qwen3_5", "served_model_name": "qwen3_5", "port": 8000}
 
 
-def render(engine_args=ENGINE_ARGS, env=ENV, **launch):
-    return computility_run(engine_args, env, **{**LAUNCH, **launch})
+def render(engine_args=None, env=None, **launch):
+    return computility_run(ENGINE_ARGS if engine_args is None else engine_args, ENV if env is None else env,
+                           **{**LAUNCH, **launch})
 
 
 def test_the_document_round_trips_through_yaml_with_the_inventorys_values():

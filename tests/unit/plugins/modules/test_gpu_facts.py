@@ -56,7 +56,7 @@ def test_four_idle_gpus_are_all_free(tmp_path, run):
 def test_processes_are_attached_to_their_gpu_and_make_it_busy(tmp_path, run):
     apps = f"{UUIDS[1]}, 4242, python3, 30512\n{UUIDS[3]}, 77, /usr/bin/python3, 1024\n"
     ixsmi = fake_ixsmi(tmp_path, four_gpus(used=(0, 30512, 0, 1024)), apps)
-    _, result = run({"ixsmi_path": ixsmi})
+    _failed, result = run({"ixsmi_path": ixsmi})
     facts = result["gpu_facts"]
     assert facts["free"] == [0, 2]
     assert facts["gpus"][1]["processes"] == [
@@ -68,7 +68,7 @@ def test_processes_are_attached_to_their_gpu_and_make_it_busy(tmp_path, run):
 def test_rows_are_sorted_by_index_and_unavailable_values_are_null(tmp_path, run):
     rows = f"1, Iluvatar BI-V100, {UUIDS[1]}, 32768, [N/A], [Not Supported]\n" \
            f"0, Iluvatar BI-V100, {UUIDS[0]}, 32768, 12, 3\n"
-    _, result = run({"ixsmi_path": fake_ixsmi(tmp_path, rows)})
+    _failed, result = run({"ixsmi_path": fake_ixsmi(tmp_path, rows)})
     gpus = result["gpu_facts"]["gpus"]
     assert [g["index"] for g in gpus] == [0, 1]
     assert gpus[1]["memory_used_mib"] is None and gpus[1]["utilization_pct"] is None
@@ -76,14 +76,14 @@ def test_rows_are_sorted_by_index_and_unavailable_values_are_null(tmp_path, run)
 
 def test_an_ixsmi_without_process_query_leaves_every_gpu_free(tmp_path, run):
     ixsmi = fake_ixsmi(tmp_path, four_gpus(), 'Field "gpu_uuid" is not a valid field\n', apps_rc=2)
-    _, result = run({"ixsmi_path": ixsmi})
+    _failed, result = run({"ixsmi_path": ixsmi})
     assert result["gpu_facts"]["processes_supported"] is False
     assert result["gpu_facts"]["free"] == [0, 1, 2, 3]
 
 
 def test_no_running_processes_in_words_is_no_process(tmp_path, run):
     ixsmi = fake_ixsmi(tmp_path, four_gpus(), "No running processes found\n")
-    _, result = run({"ixsmi_path": ixsmi})
+    _failed, result = run({"ixsmi_path": ixsmi})
     assert result["gpu_facts"]["processes"] == []
 
 
@@ -134,5 +134,5 @@ def test_a_pid_file_of_an_ended_engine_claims_nothing(tmp_path, run):
     pid_file = tmp_path / "vllm.pid"
     pid_file.write_text("999999999\n")
     ixsmi = fake_ixsmi(tmp_path, four_gpus(), f"{UUIDS[0]}, 999999999, python3, 1\n")
-    _, result = run({"ixsmi_path": ixsmi, "own_pid_file": str(pid_file)})
+    _failed, result = run({"ixsmi_path": ixsmi, "own_pid_file": str(pid_file)})
     assert result["gpu_facts"]["free"] == [1, 2, 3]

@@ -335,10 +335,10 @@ def test_diff_shows_the_baseline_before_and_after(guard, package):
     )
     extra = "entrypoints/openai/protocol.py"
     write(package, extra, "# protocol\n")
-    _, result = guard(extra=[extra], _ansible_diff=True)
+    _failed, result = guard(extra=[extra], _ansible_diff=True)
     assert extra not in json.loads(result["diff"]["before"])["files"]
     assert extra in json.loads(result["diff"]["after"])["files"]
-    _, result = guard(extra=[extra], _ansible_diff=True)
+    _failed, result = guard(extra=[extra], _ansible_diff=True)
     assert "diff" not in result
 
 

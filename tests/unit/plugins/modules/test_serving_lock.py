@@ -178,17 +178,17 @@ def test_check_mode_neither_breaks_nor_releases(lock, lock_path):
 
 def test_diff_shows_the_lock_before_and_after(lock, lock_path):
     held_by(lock_path, OTHER)
-    _, result = lock(break_lock=True, _ansible_diff=True)
+    _failed, result = lock(break_lock=True, _ansible_diff=True)
     assert json.loads(result["diff"]["before"]) == OTHER
     assert json.loads(result["diff"]["after"])["run_id"] == "run-1"
-    _, result = lock(state="absent", _ansible_diff=True)
+    _failed, result = lock(state="absent", _ansible_diff=True)
     assert (
         json.loads(result["diff"]["before"])["run_id"] == "run-1" and result["diff"]["after"] == ""
     )
 
 
 def test_no_diff_unless_asked(lock):
-    _, result = lock()
+    _failed, result = lock()
     assert result["changed"] is True and "diff" not in result
 
 

@@ -27,7 +27,7 @@ def host(tmp_path):
     (package / "entrypoints" / "openai").mkdir(parents=True)
     (package / "reasoning").mkdir()
     (package / CHAT).write_bytes(VENDOR_CHAT)
-    return {"package_root": str(package), "state_dir": str(tmp_path / "state")}
+    return {"_package_root": str(package), "state_dir": str(tmp_path / "state")}
 
 
 @pytest.fixture
@@ -45,13 +45,13 @@ def release(run, host, name, files, check_mode=False, diff=False, **options):
         {"path": path, "sha256": sha(data), **({"content": base64.b64encode(data).decode()} if send else {})}
         for path, (data, send) in files.items()
     ]
-    args = dict(host, state="present", release=name, files=items, interpreter=sys.executable,
+    args = dict(host, _state="present", release=name, _files=items, _interpreter=sys.executable,
                 record={"payload_digest": "d-" + name}, **options)
     return run(args, check_mode=check_mode, diff=diff)
 
 
 def installed(host, path):
-    full = os.path.join(host["package_root"], path)
+    full = os.path.join(host["_package_root"], path)
     return open(full, "rb").read() if os.path.exists(full) else None
 
 
@@ -115,7 +115,7 @@ def test_the_kept_vendor_copy_is_never_replaced(host, run):
 
 def test_content_damaged_in_transit_is_refused(host, run):
     item = {"path": CHAT, "sha256": sha(b"# ours\n"), "content": base64.b64encode(b"# 0urs\n").decode()}
-    result = run(dict(host, state="present", release="sub510", files=[item], interpreter=sys.executable))
+    result = run(dict(host, _state="present", release="sub510", _files=[item], _interpreter=sys.executable))
     assert result["failed"] and "arrived damaged" in result["msg"]
     assert installed(host, CHAT) == VENDOR_CHAT
 
@@ -134,7 +134,7 @@ def test_content_the_host_lacks_and_nobody_sent_is_an_error(host, run):
 
 def test_inventory_reports_digests_and_pristine_content(host, run):
     release(run, host, "sub510", {CHAT: (b"# ours\n", True), NEW_PARSER: (b"X = 1\n", True)})
-    result = run(dict(host, state="inventory", paths=[CHAT], pristine_content=[CHAT]))
+    result = run(dict(host, _state="inventory", _paths=[CHAT], _pristine_content=[CHAT]))
     assert result["changed"] is False
     assert result["overlaid"] == [CHAT, NEW_PARSER]
     chat = result["files"][CHAT]
@@ -152,16 +152,16 @@ THROUGH_LINK = "entrypoints/openai/linked/llama.py"
 @pytest.fixture
 def linked_host(host):
     """A host whose own tree links a serving-layer folder into the model layer."""
-    models = os.path.join(host["package_root"], "model_executor", "models")
+    models = os.path.join(host["_package_root"], "model_executor", "models")
     os.makedirs(models)
     with open(os.path.join(models, "llama.py"), "wb") as stream:
         stream.write(b"# the vendor's model\n")
-    os.symlink("../../model_executor/models", os.path.join(host["package_root"], "entrypoints", "openai", "linked"))
+    os.symlink("../../model_executor/models", os.path.join(host["_package_root"], "entrypoints", "openai", "linked"))
     return host
 
 
 def test_inventory_reports_a_destination_through_a_link_instead_of_reading_it(linked_host, run):
-    result = run(dict(linked_host, state="inventory", paths=[CHAT, THROUGH_LINK], pristine_content=[]))
+    result = run(dict(linked_host, _state="inventory", _paths=[CHAT, THROUGH_LINK], _pristine_content=[]))
     assert set(result["files"]) == {CHAT}
     assert result["unsafe"] == {
         THROUGH_LINK: f"{THROUGH_LINK}: entrypoints/openai/linked is a symlink to ../../model_executor/models"
@@ -172,7 +172,7 @@ def test_inventory_reports_a_destination_through_a_link_instead_of_reading_it(li
 def test_a_release_through_a_link_is_refused_whole_and_nothing_is_recorded(linked_host, run, path):
     result = release(run, linked_host, "sub510", {CHAT: (b"# ours\n", True), path: (b"X = 1\n", True)})
     assert result["failed"] and "entrypoints/openai/linked is a symlink" in result["msg"]
-    assert sorted(os.listdir(os.path.join(linked_host["package_root"], "model_executor", "models"))) == ["llama.py"]
+    assert sorted(os.listdir(os.path.join(linked_host["_package_root"], "model_executor", "models"))) == ["llama.py"]
     assert installed(linked_host, MODEL_FILE) == b"# the vendor's model\n"
     assert installed(linked_host, CHAT) == VENDOR_CHAT
     # The pristine-copy index never learns the model file under a serving-layer name.
@@ -181,7 +181,7 @@ def test_a_release_through_a_link_is_refused_whole_and_nothing_is_recorded(linke
 
 def test_a_file_an_earlier_release_overlaid_is_not_removed_through_a_link_that_appeared_since(host, run):
     release(run, host, "sub510", {NEW_PARSER: (b"X = 1\n", True)})
-    reasoning = os.path.join(host["package_root"], "reasoning")
+    reasoning = os.path.join(host["_package_root"], "reasoning")
     os.rename(reasoning, reasoning + ".moved")
     os.symlink("reasoning.moved", reasoning)
     result = release(run, host, "sub511", {NEW_PARSER: (None, False)})
@@ -197,15 +197,15 @@ def planned_on(host, *paths):
 
 def test_a_plan_is_installed_when_nothing_it_was_based_on_moved(host, run):
     result = release(run, host, "sub510", {CHAT: (b"# ours\n", True)},
-                     expect=planned_on(host, CHAT), expect_current=None)
+                     _expect=planned_on(host, CHAT), _expect_current=None)
     assert result["changed"] and installed(host, CHAT) == b"# ours\n"
 
 
 def test_a_plan_made_on_another_host_state_writes_nothing_and_says_what_moved(host, run):
     expect = planned_on(host, CHAT)
-    with open(os.path.join(host["package_root"], CHAT), "wb") as stream:
+    with open(os.path.join(host["_package_root"], CHAT), "wb") as stream:
         stream.write(b"# edited after the plan\n")
-    result = release(run, host, "sub510", {CHAT: (b"# ours\n", True)}, expect=expect, expect_current=None)
+    result = release(run, host, "sub510", {CHAT: (b"# ours\n", True)}, _expect=expect, _expect_current=None)
     assert result["failed"] and "the host changed since this run planned its release" in result["msg"]
     assert f"{CHAT} current sha256 {sha(b'# edited after the plan' + bytes([10]))[:12]}" in result["msg"]
     assert installed(host, CHAT) == b"# edited after the plan\n" and not os.path.exists(host["state_dir"])
@@ -213,13 +213,20 @@ def test_a_plan_made_on_another_host_state_writes_nothing_and_says_what_moved(ho
 
 def test_verify_checks_the_plan_of_a_run_that_changes_nothing(host, run):
     release(run, host, "sub510", {CHAT: (b"# ours\n", True)})
-    args = dict(host, state="verify", expect=planned_on(host, CHAT))
-    assert run(dict(args, expect_current="sub510"))["changed"] is False
-    moved = run(dict(args, expect_current="sub509"))
+    args = dict(host, _state="verify", _expect=planned_on(host, CHAT))
+    assert run(dict(args, _expect_current="sub510"))["changed"] is False
+    moved = run(dict(args, _expect_current="sub509"))
     assert moved["failed"] and "current release sub510, planned on sub509" in moved["msg"]
 
 
 def test_files_the_plan_compiled_are_not_compiled_again(host, run):
     broken = b"def broken(:\n"  # would not compile: proves the module took the plan's word
-    result = release(run, host, "sub510", {NEW_PARSER: (broken, True)}, compiled=[sha(broken)], check_mode=True)
+    result = release(run, host, "sub510", {NEW_PARSER: (broken, True)}, _compiled=[sha(broken)], check_mode=True)
     assert not result.get("failed") and result["changed_files"] == [NEW_PARSER]
+
+
+def test_the_host_half_without_its_action_says_so(host, run):
+    # What a task gives is for the action; only the action's _-prefixed options drive the module.
+    result = run({"state_dir": host["state_dir"], "release": "sub510", "payload_dir": "files/serving"})
+    assert result["failed"] and "runs through its action plugin" in result["msg"]
+    assert not os.path.exists(host["state_dir"])

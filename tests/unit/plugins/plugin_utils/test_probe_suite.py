@@ -6,6 +6,7 @@ import textwrap
 
 import pytest
 
+from ansible_collections.biv100.serving.plugins.plugin_utils import _probe_suite
 from ansible_collections.biv100.serving.plugins.plugin_utils._probe_suite import (
     SuiteError,
     judge,
@@ -94,6 +95,14 @@ def test_a_probe_name_is_unique_across_suites(tmp_path):
                    "more.yml")
     with pytest.raises(SuiteError, match="probe a is also defined in"):
         load_suites([first, second])
+
+
+def test_without_jmespath_loading_a_suite_names_the_missing_package(tmp_path, monkeypatch):
+    # As the import sanity test loads the plugins: ansible-core alone, no jmespath.
+    monkeypatch.setattr(_probe_suite, "jmespath", None)
+    monkeypatch.setattr(_probe_suite, "JMESPATH_IMPORT_ERROR", ImportError("No module named 'jmespath'"))
+    with pytest.raises(SuiteError, match=r"need the jmespath Python package on the controller"):
+        load_suites([suite(tmp_path, PROBE)])
 
 
 def test_an_unknown_value_and_a_missing_suite_are_refused(tmp_path):

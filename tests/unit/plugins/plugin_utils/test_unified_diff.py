@@ -9,6 +9,8 @@ import pytest
 
 from ansible_collections.biv100.serving.plugins.plugin_utils._unified_diff import (
     PatchError,
+    _parse_patch,
+    _replacement,
     apply_patch,
 )
 
@@ -233,6 +235,21 @@ def test_a_patch_touching_two_files_is_refused():
 def test_garbage_is_refused_with_a_reason(text, message):
     with pytest.raises(PatchError, match=message):
         apply_patch(NUMBERED, text, filename="f.py")
+
+
+def test_a_hunk_given_fewer_original_lines_than_it_matched_is_a_patch_error():
+    # apply_patch hands each hunk exactly the lines its old side matched; were it ever to hand
+    # fewer, the replacement must fail as a PatchError naming the hunk, not run out of lines
+    # inside a generator (which Python turns into "RuntimeError: generator raised StopIteration").
+    hunk = _parse_patch(patch("""\
+        @@ -2,3 +2,3 @@
+         line 2
+        -line 3
+        +line three
+         line 4
+        """), "f.py")[0]
+    with pytest.raises(PatchError, match=r"hunk 1 \(@@ -2,3 \+2,3 @@\) has 3 context and removed lines, but 2"):
+        list(_replacement(hunk, ["line 2\n", "line 3\n"], "\n"))
 
 
 # --- round trip over real files -------------------------------------------------------------
