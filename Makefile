@@ -13,6 +13,8 @@ DEBIAN_PACKAGES := openssh-server openssh-client iproute2 python3-venv git
 # ansible-test sanity compiles and imports the host-side code on each of these that is installed
 # (the hosts run Python 3.8 and later); the controller's own Python runs every other test.
 SANITY_PYTHONS := 3.8 3.9 3.10 3.11 3.12 3.13
+# Where pyenv keeps the other Pythons, when the machine has them (their shims may not work).
+PYENV_VERSIONS := $(or $(PYENV_ROOT),$(HOME)/.pyenv)/versions
 
 .PHONY: deploy test setup debian-packages lab-up lab-down facts verify unit lint integration molecule lock bench
 
@@ -60,11 +62,16 @@ lint: setup
 	$(BIN)/ansible-lint
 	$(BIN)/python tests/sanity/pip_bootstrap.py --seed
 	@controller=$$($(BIN)/python -c 'import sys; print("%d.%d" % sys.version_info[:2])'); \
+	found=$$(mktemp -d); trap 'rm -rf "$$found"' EXIT; \
 	targets=""; for version in $(SANITY_PYTHONS); do \
-	  if python$$version -c '' 2>/dev/null; then targets="$$targets --target-python $$version"; \
-	  else echo "sanity: no working python$$version on PATH, its compile and import tests are skipped"; fi; \
+	  for candidate in $$(command -v python$$version) $(PYENV_VERSIONS)/$$version.*/bin/python$$version; do \
+	    if [ -x "$$candidate" ] && "$$candidate" -c '' 2>/dev/null; then \
+	      ln -sf "$$candidate" "$$found/python$$version"; targets="$$targets --target-python $$version"; break; fi; \
+	  done; \
+	  case "$$targets" in *"python $$version"*) ;; \
+	    *) echo "sanity: no working python$$version here, its compile and import tests are skipped";; esac; \
 	done; \
-	set -x; ANSIBLE_TEST_CONTENT_ROOT=$(CURDIR)/collections/ansible_collections/biv100/serving \
+	set -x; PATH="$$found:$$PATH" ANSIBLE_TEST_CONTENT_ROOT=$(CURDIR)/collections/ansible_collections/biv100/serving \
 	  $(BIN)/ansible-test sanity --controller origin:python=$$controller $$targets
 
 integration: setup

@@ -1,7 +1,7 @@
 """Stand-in for the get-pip.py that ansible-test downloads to bootstrap pip into its venvs.
 
 ansible-test (2.19) bootstraps pip into each venv it makes by running get-pip.py, which it
-downloads from ci-files.testing.ansible.com unless ~/.ansible/test/cache/get_pip_<version>.py
+downloads from Ansible's CI file server unless ~/.ansible/test/cache/get_pip_<version>.py
 is already there (ansible_test/_util/target/setup/requirements.py, ``bootstrap``). That host is
 out of reach of the team's machines; the package index is not.
 
