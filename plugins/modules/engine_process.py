@@ -297,13 +297,16 @@ import pwd
 import re
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible_collections.biv100.serving.plugins.module_utils._engine_managers import (
-    MANAGERS,
+from ansible_collections.biv100.serving.plugins.module_utils._engine_drift import drift
+from ansible_collections.biv100.serving.plugins.module_utils._engine_identity import (
     EngineError,
-    PidFileManager,
-    choose_manager,
     remove_pid_files,
 )
+from ansible_collections.biv100.serving.plugins.module_utils._engine_managers import (
+    MANAGERS,
+    choose_manager,
+)
+from ansible_collections.biv100.serving.plugins.module_utils._engine_pidfile import PidFileManager
 from ansible_collections.biv100.serving.plugins.module_utils._state_store import atomic_write
 
 # The whole inherited environment of the engine, before env_file and env.
@@ -409,98 +412,6 @@ def desired_environment(module):
             module.fail_json(msg="env_file: %s" % error)
     extra = dict((key, str(value)) for key, value in params["env"].items())
     return DesiredEnvironment(base_environment(), from_file, extra)
-
-
-def split_arguments(argv):
-    """(positional arguments, {option: [values]}) of an argv; a flag's value is None.
-
-    `--opt=value` and `--opt value` read alike; a token after an option is its value unless
-    it is itself an option.
-    """
-    positional, options = [], {}
-    index = 0
-    while index < len(argv):
-        token = argv[index]
-        if not is_option(token):
-            positional.append(token)
-            index += 1
-            continue
-        name, sep, value = token.partition("=")
-        if not sep:
-            following = argv[index + 1] if index + 1 < len(argv) else None
-            value = following if following is not None and not is_option(following) else None
-            index += value is not None
-        options.setdefault(name, []).append(value)
-        index += 1
-    return positional, options
-
-
-def is_option(token):
-    if not token.startswith("-") or token == "-":
-        return False
-    try:
-        float(token)  # a negative number is a value
-    except ValueError:
-        return True
-    return False
-
-
-def shown(value):
-    if value is None:
-        return "unset"
-    return value if value != "" else '""'
-
-
-def shown_values(values):
-    if values is None:
-        return "absent"
-    return ", ".join("set" if value is None else shown(value) for value in values)
-
-
-def argument_drift(running, desired):
-    running_positional, running_options = split_arguments(running)
-    desired_positional, desired_options = split_arguments(desired)
-    sentences = []
-    if running_positional != desired_positional:
-        sentences.append(
-            "program and positional arguments: running %s, desired %s"
-            % (" ".join(running_positional), " ".join(desired_positional))
-        )
-    names = list(desired_options) + [
-        name for name in running_options if name not in desired_options
-    ]
-    for name in names:
-        if running_options.get(name) != desired_options.get(name):
-            sentences.append(
-                "argument %s: running %s, desired %s"
-                % (
-                    name,
-                    shown_values(running_options.get(name)),
-                    shown_values(desired_options.get(name)),
-                )
-            )
-    return sentences
-
-
-def environment_drift(running, desired, extra_is_drift):
-    names = list(desired)
-    if extra_is_drift:
-        names += sorted(name for name in running if name not in desired)
-    return [
-        "env %s: running %s, desired %s"
-        % (name, shown(running.get(name)), shown(desired.get(name)))
-        for name in names
-        if running.get(name) != desired.get(name)
-    ]
-
-
-def drift(observed, desired_command, desired_env, extra_is_drift=True):
-    sentences = []
-    if desired_command is not None:
-        sentences += argument_drift(observed["command"], desired_command)
-    if desired_env is not None:
-        sentences += environment_drift(observed["env"], desired_env, extra_is_drift)
-    return sentences
 
 
 def planned_action(state, engine, drifted):

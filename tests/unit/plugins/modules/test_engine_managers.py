@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from ansible_collections.biv100.serving.plugins.module_utils import _engine_managers
+from ansible_collections.biv100.serving.plugins.module_utils import _engine_managers, _engine_systemd
 from ansible_collections.biv100.serving.plugins.module_utils._engine_process import (
     group_members,
     is_alive,
@@ -171,7 +171,7 @@ def test_an_engine_that_exits_at_once_fails_with_its_log(managed):
 
 
 def test_the_systemd_unit_quotes_what_systemd_would_expand():
-    manager = _engine_managers.SystemdManager(
+    manager = _engine_systemd.SystemdManager(
         dict(name="vllm", cwd="/", env_file="/etc/biv100-serving/engine.env",
              log_file="/var/log/biv100-serving/engine.log", stop_timeout=30, systemctl=None),
         run_command=None)
@@ -222,7 +222,7 @@ def test_systemd_refuses_a_variable_set_in_both_env_and_env_file(tmp_path, monke
 
 def test_systemd_refuses_a_secret_in_env_which_its_unit_file_would_show(tmp_path, monkeypatch, run_module):
     monkeypatch.setattr(_engine_managers, "SYSTEMD_RUNTIME_DIR", str(tmp_path))
-    monkeypatch.setattr(_engine_managers, "SYSTEMD_UNIT_DIR", str(tmp_path / "units"))
+    monkeypatch.setattr(_engine_systemd, "SYSTEMD_UNIT_DIR", str(tmp_path / "units"))
     systemctl = tmp_path / "systemctl"
     systemctl.write_text("#!/bin/sh\necho MainPID=0\n")
     systemctl.chmod(0o755)
