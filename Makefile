@@ -85,8 +85,9 @@ lock:
 	python3 -m venv .lock-venv && .lock-venv/bin/pip install -q -r requirements.in
 	.lock-venv/bin/pip freeze --exclude-editable > requirements.txt && rm -rf .lock-venv
 
-## The collection against a naive per-file copy loop, on 4 and 8 lab hosts; then what guarding
-## the whole model layer costs a no-change deploy against the revision that guarded twelve files.
+## The collection against a naive per-file copy loop and the floors of Ansible and ssh, on 4, 8
+## and 16 lab hosts; then what guarding the whole model layer costs a no-change deploy against
+## the revision that guarded twelve files.
 bench: setup
-	$(BIN)/python benchmarks/stage_vs_naive.py --hosts 4 8
+	$(BIN)/python benchmarks/stage_vs_naive.py --hosts 4 8 16
 	$(BIN)/python benchmarks/guard_cost.py --hosts 4

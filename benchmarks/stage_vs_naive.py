@@ -1,14 +1,16 @@
 """Deploy one payload to 4 and 8 lab hosts with the collection and with a naive copy loop.
 
-    .venv/bin/python benchmarks/stage_vs_naive.py [--hosts 4 8]
+    .venv/bin/python benchmarks/stage_vs_naive.py [--hosts 4 8 16]
 
 The payload is the shipped one (less the registry patch, which only some hosts take) plus
 whole-file overlays of vLLM 0.10.1.1's tool parsers and reasoning parsers: about 40 files.
 The naive play (naive_copy.yml) stats and copies each file in its own task iteration; the
 collection runs deploy.yml (facts, preflight, payload check, lock, guard twice, stage) without
 its engine phase (--skip-tags engine), which the naive play has no counterpart for.
-Each first run starts from freshly built hosts; the no-change run follows it. The lab is built
-in a folder of its own and taken down after; it refuses to start while another lab is up.
+Each first run starts from freshly built hosts; the no-change run follows it. On the
+collection's hosts two floors follow, measured the same way: Ansible's (ping.yml, one ping task
+per host) and ssh's (one new `ssh host true` per host, all at once). The lab is built in a
+folder of its own and taken down after; it refuses to start while another lab is up.
 """
 
 from __future__ import annotations
@@ -84,18 +86,31 @@ def timed_playbook(playbook: str, inventory: Path, extravars: dict, options: lis
     return time.perf_counter() - started
 
 
-def measure(n_hosts: int, lab_dir: Path, plays: dict[str, tuple[str, dict, list[str]]]) -> dict[str, tuple[float, float]]:
-    """First and no-change run of each play, each first run on freshly built hosts."""
+def measure(n_hosts: int, lab_dir: Path, plays: dict[str, tuple[str, dict, list[str]]]) -> dict[str, tuple[float, ...]]:
+    """First and no-change run of each play, each first run on freshly built hosts; then, on
+    the last play's hosts, Ansible's floor and ssh's."""
     times = {}
     for name, (playbook, extravars, options) in plays.items():
         built = lab_builder.up(n_hosts=n_hosts, lab_dir=lab_dir, rebuild=True)
         try:
             first = timed_playbook(playbook, built.inventory_path, extravars, options)
             again = timed_playbook(playbook, built.inventory_path, extravars, options)
+            if name == "collection":
+                times["ping"] = (timed_playbook("benchmarks/ping.yml", built.inventory_path, {}, []),)
+                times["ssh"] = (ssh_floor(built),)
         finally:
             lab_builder.down(lab_dir)
         times[name] = (first, again)
     return times
+
+
+def ssh_floor(built) -> float:
+    """Seconds for one new ssh connection to every host at once, each running `true`."""
+    started = time.perf_counter()
+    sessions = [subprocess.Popen(built.ssh_command(host, "true")) for host in built.hosts]
+    if any(session.wait() for session in sessions):
+        sys.exit("ssh to a lab host failed")
+    return time.perf_counter() - started
 
 
 def main() -> int:
@@ -115,12 +130,15 @@ def main() -> int:
                       []),
         }
         print(f"payload: {len(naive_files)} files")
-        print(f"{'hosts':>5}  {'run':<9}  {'collection':>10}  {'naive':>8}  {'collection/naive':>16}")
+        print(f"{'hosts':>5}  {'run':<9}  {'collection':>10}  {'naive':>8}  {'collection/naive':>16}"
+              f"  {'ansible ping':>12}  {'ssh true':>8}  {'collection/ping':>15}")
         for n_hosts in args.hosts:
             times = measure(n_hosts, Path(work) / "lab", plays)
+            (ping,), (ssh,) = times["ping"], times["ssh"]
             for index, run in enumerate(("first", "no-change")):
                 ours, naive = times["collection"][index], times["naive"][index]
-                print(f"{n_hosts:>5}  {run:<9}  {ours:>9.1f}s  {naive:>7.1f}s  {ours / naive:>16.2f}")
+                print(f"{n_hosts:>5}  {run:<9}  {ours:>9.1f}s  {naive:>7.1f}s  {ours / naive:>16.2f}"
+                      f"  {ping:>11.1f}s  {ssh:>7.2f}s  {ours / ping:>15.1f}")
     return 0
 
 
