@@ -16,6 +16,7 @@ from pathlib import Path
 
 from ansible.errors import AnsibleActionFail
 from ansible.plugins.action import ActionBase
+from ansible_collections.biv100.serving.plugins.module_utils._state_store import DEFAULT_STATE_DIR
 from ansible_collections.biv100.serving.plugins.plugin_utils._payload import (
     PayloadError,
     Target,
@@ -39,7 +40,7 @@ class ActionModule(ActionBase):
         facts = (task_vars.get("ansible_facts") or {}).get("vllm_facts")
         if not facts:
             raise AnsibleActionFail("serving_overlay needs the facts of biv100.serving.vllm_facts: run it first")
-        state_dir = args.get("state_dir", "/var/lib/biv100-serving")
+        state_dir = args.get("state_dir", DEFAULT_STATE_DIR)
         if args.get("plan"):
             result.update(self._install(args["plan"], facts, state_dir, task_vars))
             return result

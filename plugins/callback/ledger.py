@@ -76,7 +76,6 @@ import errno
 import json
 import os
 import shutil
-import time
 from pathlib import Path
 
 from ansible import constants as C
@@ -85,6 +84,7 @@ from ansible.plugins.callback import CallbackBase
 from ansible.template import Templar
 
 from ansible_collections.biv100.serving.plugins.filter.probe_summary import probe_summary
+from ansible_collections.biv100.serving.plugins.module_utils._state_store import utc_timestamp
 
 LEDGER_FILE = "ledger.jsonl"
 TABLE_FILE = "LEDGER.md"
@@ -174,7 +174,7 @@ class CallbackModule(CallbackBase):
             self._display.display(f"{host}: {outcome_line(seen.get(host))}")
         if context.CLIARGS.get("check"):
             return
-        now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+        now = utc_timestamp()
         lines = [dict(time=now, host=host, playbook=self._playbook, submission=self._submission,
                       **entry) for host, entry in sorted(seen.items())]
         append_lines(directory / LEDGER_FILE, lines)

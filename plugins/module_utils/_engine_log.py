@@ -15,6 +15,7 @@ import time
 
 from ansible_collections.biv100.serving.plugins.module_utils._engine_identity import EngineError
 from ansible_collections.biv100.serving.plugins.module_utils._engine_process import with_log_tail
+from ansible_collections.biv100.serving.plugins.module_utils._state_store import TIMESTAMP_FORMAT
 
 
 def rotate_log(path, max_bytes, backups):
@@ -39,7 +40,7 @@ def write_start_header(log_file, name, command):
     os.makedirs(os.path.dirname(log_file), exist_ok=True)
     with open(log_file, "ab") as log:
         header = "--- %s %s starts: %s\n" % (
-            time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            time.strftime(TIMESTAMP_FORMAT, time.gmtime()),
             name,
             " ".join(command),
         )

@@ -14,6 +14,8 @@ import os
 import re
 import time
 
+from ansible_collections.biv100.serving.plugins.module_utils._state_store import TIMESTAMP_FORMAT
+
 # How many log lines a failure message carries.
 LOG_TAIL_LINES = 40
 
@@ -91,7 +93,7 @@ def boot_time():
 def started_at(start_ticks):
     """A process's start time (from its stat) as UTC ISO 8601."""
     seconds = boot_time() + start_ticks / os.sysconf("SC_CLK_TCK")
-    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(seconds))
+    return time.strftime(TIMESTAMP_FORMAT, time.gmtime(seconds))
 
 
 def group_members(pgid):

@@ -15,6 +15,7 @@ import shutil
 import time
 
 from ansible_collections.biv100.serving.plugins.module_utils._state_store import (
+    TIMESTAMP_FORMAT,
     first_good,
     fsync_dir,
     read_json,
@@ -28,7 +29,7 @@ PROVEN = ("good", "rolled_back")
 def created(record):
     """Seconds since the epoch of the record's created_at; 0 when it has none."""
     try:
-        return calendar.timegm(time.strptime(record.get("created_at", ""), "%Y-%m-%dT%H:%M:%SZ"))
+        return calendar.timegm(time.strptime(record.get("created_at", ""), TIMESTAMP_FORMAT))
     except ValueError:
         return 0
 

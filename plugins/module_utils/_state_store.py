@@ -27,6 +27,8 @@ import tempfile
 import time
 
 DEFAULT_STATE_DIR = "/var/lib/biv100-serving"
+# How every time the collection records is written: UTC, to the second (ISO 8601).
+TIMESTAMP_FORMAT = "%Y-%m-%dT%H:%M:%SZ"
 LOCK_NAME = "lock"
 CURRENT_LINK = "current"
 
@@ -77,7 +79,7 @@ class StateDir(object):
 
 
 def utc_timestamp():
-    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    return time.strftime(TIMESTAMP_FORMAT, time.gmtime())
 
 
 def mark_status(record, status, reason, **details):

@@ -144,7 +144,6 @@ import contextlib
 import fcntl
 import json
 import os
-import time
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.biv100.serving.plugins.module_utils._state_store import (
@@ -152,6 +151,7 @@ from ansible_collections.biv100.serving.plugins.module_utils._state_store import
     StateDir,
     fsync_dir,
     read_json,
+    utc_timestamp,
     write_json,
 )
 
@@ -211,7 +211,7 @@ def our_holder(params):
         "pid": params["_pid"],
         "playbook": params["playbook"],
         "release": params["release"],
-        "acquired_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "acquired_at": utc_timestamp(),
     }
 
 

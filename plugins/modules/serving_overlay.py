@@ -173,6 +173,7 @@ import tempfile
 from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.biv100.serving.plugins.module_utils._no_follow import Tree, UnsafePath
 from ansible_collections.biv100.serving.plugins.module_utils._state_store import (
+    DEFAULT_STATE_DIR,
     StateDir,
     read_json,
     switch_symlink,
@@ -475,7 +476,7 @@ def main():
             payload_dir=dict(type="path"),
             release=dict(type="str"),
             auto_release=dict(type="str"),
-            state_dir=dict(type="path", default="/var/lib/biv100-serving"),
+            state_dir=dict(type="path", default=DEFAULT_STATE_DIR),
             protected_extra=dict(type="list", elements="str", default=[]),
             record=dict(type="dict", default={}),
             plan=dict(type="dict"),

@@ -118,6 +118,7 @@ from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.biv100.serving.plugins.module_utils._no_follow import Tree, UnsafePath
 from ansible_collections.biv100.serving.plugins.module_utils._release_retention import prune
 from ansible_collections.biv100.serving.plugins.module_utils._state_store import (
+    DEFAULT_STATE_DIR,
     StateDir,
     mark_status,
     read_json,
@@ -150,7 +151,7 @@ def file_drift(package_root, digests):
 def main():
     module = AnsibleModule(
         argument_spec=dict(
-            state_dir=dict(type="path", default="/var/lib/biv100-serving"),
+            state_dir=dict(type="path", default=DEFAULT_STATE_DIR),
             package_root=dict(type="path", required=True),
             release=dict(type="str"),
             status=dict(type="str", choices=["good", "failed"]),

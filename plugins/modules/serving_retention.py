@@ -71,13 +71,13 @@ kept:
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.biv100.serving.plugins.module_utils._release_retention import prune
-from ansible_collections.biv100.serving.plugins.module_utils._state_store import StateDir
+from ansible_collections.biv100.serving.plugins.module_utils._state_store import DEFAULT_STATE_DIR, StateDir
 
 
 def main():
     module = AnsibleModule(
         argument_spec=dict(
-            state_dir=dict(type="path", default="/var/lib/biv100-serving"),
+            state_dir=dict(type="path", default=DEFAULT_STATE_DIR),
             keep_good=dict(type="int", default=5),
             keep_failed_days=dict(type="int", default=14),
         ),

@@ -116,6 +116,7 @@ import os
 from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.biv100.serving.plugins.module_utils._no_follow import Tree, UnsafePath
 from ansible_collections.biv100.serving.plugins.module_utils._state_store import (
+    DEFAULT_STATE_DIR,
     StateDir,
     first_good,
     fsync_dir,
@@ -247,7 +248,7 @@ def switch_current(store, target):
 def main():
     module = AnsibleModule(
         argument_spec=dict(
-            state_dir=dict(type="path", default="/var/lib/biv100-serving"),
+            state_dir=dict(type="path", default=DEFAULT_STATE_DIR),
             package_root=dict(type="path", required=True),
             to=dict(type="str", default="previous"),
             reason=dict(type="str", default=""),

@@ -329,6 +329,7 @@ import os
 import sys
 
 from ansible.module_utils.basic import AnsibleModule
+from ansible_collections.biv100.serving.plugins.module_utils._state_store import DEFAULT_STATE_DIR, StateDir
 from ansible_collections.biv100.serving.plugins.module_utils._vllm_cli import argument_names
 from ansible_collections.biv100.serving.plugins.module_utils._vllm_layout import (
     PROTECTED_FILES,
@@ -434,10 +435,11 @@ def collect_facts(interpreter, probe, package_root, version, model_path, state_d
 def missing_in_base(model, registry, state_dir):
     """What the vendor's registry lacks: a patched registry.py must not hide that it needs the
     patch (the next run would take the patch away again)."""
-    pristine = os.path.join(state_dir, "base", registry["path"] or "")
-    if not registry["path"] or not os.path.isfile(pristine):
+    store = StateDir(state_dir)
+    if not registry["path"] or not os.path.isfile(store.base_copy(registry["path"])):
         return list(model["missing"])
-    base_registry = registry_facts(os.path.join(state_dir, "base"), registry["path"])
+    # The kept vendor copies stand in the store as they stood in the package.
+    base_registry = registry_facts(store.base_copy(""), registry["path"])
     return [name for name in model["architectures"] if name not in base_registry["architectures"]]
 
 
@@ -447,7 +449,7 @@ def main():
             interpreter=dict(type="path"),
             package_root=dict(type="path"),
             model_path=dict(type="path"),
-            state_dir=dict(type="path", default="/var/lib/biv100-serving"),
+            state_dir=dict(type="path", default=DEFAULT_STATE_DIR),
         ),
         supports_check_mode=True,
     )
