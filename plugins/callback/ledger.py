@@ -84,7 +84,7 @@ from ansible.plugins.callback import CallbackBase
 from ansible.template import Templar
 
 from ansible_collections.biv100.serving.plugins.filter.probe_summary import probe_summary
-from ansible_collections.biv100.serving.plugins.module_utils._state_store import utc_timestamp
+from ansible_collections.biv100.serving.plugins.module_utils._state_store import atomic_write, utc_timestamp
 
 LEDGER_FILE = "ledger.jsonl"
 TABLE_FILE = "LEDGER.md"
@@ -302,7 +302,7 @@ def merge_ledger(old: Path, new: Path) -> None:
                 if text.strip():
                     lines.setdefault(text, json.loads(text))
     merged = sorted(lines.items(), key=lambda item: str(item[1].get("time", "")))
-    write_whole(new / LEDGER_FILE, "".join(text + "\n" for text, line in merged))
+    atomic_write(str(new / LEDGER_FILE), "".join(text + "\n" for text, line in merged).encode("utf-8"))
     write_table(new / TABLE_FILE, [line for text, line in merged])
     for path in [old / LEDGER_FILE, old / TABLE_FILE, *old.glob(f".{TABLE_FILE}.*")]:
         path.unlink(missing_ok=True)
@@ -422,16 +422,6 @@ def append_lines(path: Path, lines: list[dict]) -> None:
         stream.write(data)
         stream.flush()
         os.fsync(stream.fileno())
-
-
-def write_whole(path: Path, text: str) -> None:
-    """Replace a file in one rename once its new content is on disk: a reader sees old or new."""
-    staged = path.with_name(f".{path.name}.{os.getpid()}")
-    with open(staged, "w", encoding="utf-8") as stream:
-        stream.write(text)
-        stream.flush()
-        os.fsync(stream.fileno())
-    os.replace(staged, path)
 
 
 def read_lines(path: Path) -> list[dict]:

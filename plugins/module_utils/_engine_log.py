@@ -11,11 +11,10 @@ Runs on the host: standard library only, Python 3.8.
 from __future__ import annotations
 
 import os
-import time
 
 from ansible_collections.biv100.serving.plugins.module_utils._engine_identity import EngineError
 from ansible_collections.biv100.serving.plugins.module_utils._engine_process import with_log_tail
-from ansible_collections.biv100.serving.plugins.module_utils._state_store import TIMESTAMP_FORMAT
+from ansible_collections.biv100.serving.plugins.module_utils._state_store import utc_timestamp
 
 
 def rotate_log(path, max_bytes, backups):
@@ -40,7 +39,7 @@ def write_start_header(log_file, name, command):
     os.makedirs(os.path.dirname(log_file), exist_ok=True)
     with open(log_file, "ab") as log:
         header = "--- %s %s starts: %s\n" % (
-            time.strftime(TIMESTAMP_FORMAT, time.gmtime()),
+            utc_timestamp(),
             name,
             " ".join(command),
         )

@@ -23,10 +23,11 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import hashlib
 import os
 import re
 import stat
+
+from ansible_collections.biv100.serving.plugins.module_utils._vllm_layout import sha256_fd
 
 _HASH_CHUNK = 1024 * 1024
 _DIRECTORY = os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
@@ -34,7 +35,7 @@ _READ = os.O_RDONLY | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0) | getattr(os, 
 
 
 # A write's temporary file beside its final name: .<name>.<pid>.<8 hex digits>.
-_STAGED = re.compile(r"^\.(.+)\.[0-9]+\.[0-9a-f]{8}$")
+_STAGED = re.compile(r"^\.(.+)\.([0-9]+)\.[0-9a-f]{8}$")
 
 
 def staged_for(path):
@@ -122,7 +123,7 @@ class Tree(object):
             try:
                 if not stat.S_ISREG(os.fstat(stream).st_mode):  # swapped since the lstat
                     raise self._unsafe(fd, parts, len(parts) - 1)
-                return _sha256_fd(stream) if hashed else _read_fd(stream)
+                return sha256_fd(stream) if hashed else _read_fd(stream)
             finally:
                 os.close(stream)
 
@@ -249,10 +250,9 @@ class Tree(object):
     def _sweep_stale(fd, name):
         """Remove the temporary files of earlier writes of `name` whose process is gone (a run
         killed between creating one and renaming it), so that a re-run leaves none behind."""
-        prefix = ".%s." % name
         for entry in os.listdir(fd):
-            pid = entry[len(prefix):].split(".")[0] if entry.startswith(prefix) else ""
-            if pid.isdigit() and not _running(int(pid)):
+            staged = _STAGED.match(entry)
+            if staged and staged.group(1) == name and not _running(int(staged.group(2))):
                 _unlink_quietly(entry, fd)
 
 
@@ -290,15 +290,6 @@ def _read_fd(fd):
         if not chunk:
             return b"".join(chunks)
         chunks.append(chunk)
-
-
-def _sha256_fd(fd):
-    digest = hashlib.sha256()
-    while True:
-        chunk = os.read(fd, _HASH_CHUNK)
-        if not chunk:
-            return digest.hexdigest()
-        digest.update(chunk)
 
 
 def _running(pid):

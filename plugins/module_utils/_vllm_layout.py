@@ -158,12 +158,24 @@ def _present(package_root, relative_path):
     return os.path.isdir(path) if relative_path.endswith("/") else os.path.isfile(path)
 
 
-def sha256_file(path):
-    """The sha256 of a file, read in chunks so a large file never sits in memory whole."""
+def sha256_file(path, follow_symlinks=True):
+    """The sha256 of a file, read in chunks so a large file never sits in memory whole.
+
+    With follow_symlinks=False a final name that is a link is not opened (ELOOP).
+    """
+    flags = os.O_RDONLY | (0 if follow_symlinks else os.O_NOFOLLOW)
+    fd = os.open(path, flags)
+    try:
+        return sha256_fd(fd)
+    finally:
+        os.close(fd)
+
+
+def sha256_fd(fd):
+    """The sha256 of what is left to read from an open file descriptor."""
     digest = hashlib.sha256()
-    with open(path, "rb") as stream:
-        for chunk in iter(lambda: stream.read(_HASH_CHUNK), b""):
-            digest.update(chunk)
+    for chunk in iter(lambda: os.read(fd, _HASH_CHUNK), b""):
+        digest.update(chunk)
     return digest.hexdigest()
 
 

@@ -225,7 +225,6 @@ guard:
 
 import errno
 import fnmatch
-import hashlib
 import json
 import os
 import posixpath
@@ -244,7 +243,7 @@ from ansible_collections.biv100.serving.plugins.module_utils._state_store import
     utc_timestamp,
     write_json,
 )
-from ansible_collections.biv100.serving.plugins.module_utils._vllm_layout import PROTECTED_FILES
+from ansible_collections.biv100.serving.plugins.module_utils._vllm_layout import PROTECTED_FILES, sha256_file
 
 # The baseline's `scope` once it covers the whole model layer. A baseline without it was
 # recorded by an earlier guard that covered only the protected files.
@@ -260,7 +259,6 @@ SHORT_DIGEST = 8
 # How many paths a message names before "and K more": a vendor upgrade can change hundreds,
 # and every one of them is in the result anyway.
 LISTED = 10
-_HASH_CHUNK = 1024 * 1024
 _FILE_TYPES = (
     (stat.S_ISDIR, "directory"),
     (stat.S_ISFIFO, "fifo"),
@@ -279,20 +277,10 @@ NOW_IGNORED = "now ignored"
 OVERLAID = "overlaid by the collection"
 
 
-def sha256_no_follow(path):
-    """The sha256 of a regular file, refusing to open it if it was swapped for a link."""
-    digest = hashlib.sha256()
-    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
-    with os.fdopen(fd, "rb") as stream:
-        for chunk in iter(lambda: stream.read(_HASH_CHUNK), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
-
-
 def state_of(path, mode):
     """What the baseline records for a file: its sha256, its link target, or its type."""
     if stat.S_ISREG(mode):
-        return sha256_no_follow(path)
+        return sha256_file(path, follow_symlinks=False)
     if stat.S_ISLNK(mode):
         return SYMLINK + os.readlink(path)
     for is_type, name in _FILE_TYPES:
@@ -304,7 +292,7 @@ def state_of(path, mode):
 def entry_state(entry):
     """state_of for a directory entry; its type comes with the listing, saving an lstat."""
     if entry.is_file(follow_symlinks=False):
-        return sha256_no_follow(entry.path)
+        return sha256_file(entry.path, follow_symlinks=False)
     if entry.is_symlink():
         return SYMLINK + os.readlink(entry.path)
     return state_of(entry.path, entry.stat(follow_symlinks=False).st_mode)
@@ -528,7 +516,8 @@ def folders(package_root, protected, extra):
     """The paths, as given, that name a directory."""
     given = list(extra) + [path for path in protected.values() if path]
     return sorted(
-        path for path in given if path_state(package_root, posixpath.normpath(path)) == "directory"
+        path for path in given
+        if stat.S_ISDIR(_lstat_mode(os.path.join(package_root, posixpath.normpath(path))) or 0)
     )
 
 

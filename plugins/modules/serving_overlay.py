@@ -313,12 +313,11 @@ def short(digest):
     return "sha256 %s\u2026" % digest[:12] if digest else "absent"
 
 
-def refuse_uncompilable(module, contents):
+def refuse_uncompilable(module, contents, digests):
     """Compile every Python file with the engine's interpreter before anything is written;
-    the plan of this run compiled some already (`compiled`: their sha256)."""
+    the plan of this run compiled some already (`compiled`: their sha256, as in `digests`)."""
     checked = set(module.params["_compiled"])
-    python_files = sorted(path for path, data in contents.items()
-                          if path.endswith(".py") and hashlib.sha256(data).hexdigest() not in checked)
+    python_files = sorted(path for path in contents if path.endswith(".py") and digests[path] not in checked)
     if not python_files:
         return
     interpreter = module.params["_interpreter"]
@@ -365,13 +364,15 @@ def keep_pristine_copies(host, paths):
 
 def plan_changes(module, host, desired, sent):
     """What each path must become: bytes to write, None to remove; unchanged paths left out.
+    Returns (changes, the installed digest of every path).
 
     The controller sends only what the host lacks. A file going back to the vendor's version
     comes from its kept pristine copy, and a file the vendor never had is removed.
     """
-    changes = {}
+    changes, installed = {}, {}
     for path, digest in sorted(desired.items()):
-        if host.package.digest(path) == digest:
+        installed[path] = host.package.digest(path)
+        if installed[path] == digest:
             continue
         if digest is None:
             changes[path] = None
@@ -381,7 +382,7 @@ def plan_changes(module, host, desired, sent):
             changes[path] = host.state.read(host.base_copy(path))
         else:
             module.fail_json(msg="%s: the host has no content with sha256 %s and none was sent" % (path, digest))
-    return changes
+    return changes, installed
 
 
 def write_release_files(host, release, desired, changes):
@@ -431,11 +432,11 @@ def present(module, host):
             msg="release %s already exists on this host with other content; releases are "
             "immutable: deploy under a new id" % release
         )
-    changes = plan_changes(module, host, desired, decoded(module, module.params["_files"]))
+    changes, before = plan_changes(module, host, desired, decoded(module, module.params["_files"]))
     if not changes and previous["id"] == release:
         module.exit_json(changed=False, release=release, changed_files=[], current_release=previous)
 
-    refuse_uncompilable(module, dict((path, data) for path, data in changes.items() if data is not None))
+    refuse_uncompilable(module, dict((path, data) for path, data in changes.items() if data is not None), desired)
     result = {"changed": True, "release": release, "changed_files": sorted(changes),
               "current_release": previous}
     if module._diff:
@@ -443,7 +444,6 @@ def present(module, host):
     if module.check_mode:
         module.exit_json(**result)
 
-    before = dict((path, host.package.digest(path)) for path in desired)
     try:
         result["base_copies_added"] = keep_pristine_copies(host, sorted(desired))
         write_release_files(host, release, desired, changes)

@@ -265,7 +265,8 @@ def main():
         target = resolve_target(store, current, params["to"])
         refuse_unservable(params, current, target)
         changes = plan(store, package, target)
-        installed = dict((path, package.digest(path)) for path in changes)
+        # For the diff only; read here, where a link that appeared since the plan is refused.
+        installed = dict((path, package.digest(path)) for path in changes) if module._diff else {}
         engine = (record_of(store, target).get("engine") or {}) if target else {}
     except UnsafePath as error:
         module.fail_json(msg="refusing to roll back through the host's own tree under %s, nothing "

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import yaml
-from ansible_collections.biv100.serving.plugins.module_utils._serving_layer import REGISTRY, SERVING_TREES
+from ansible_collections.biv100.serving.plugins.module_utils._serving_layer import REGISTRY, SERVING_TREES, in_serving_trees
 
 KINDS = ("file", "dir", "patch")
 ENTRY_KEYS = {"name", "kind", "src", "dest", "when", "base_sha256", "mapping"}
@@ -275,7 +275,7 @@ def _check_allowed(target: Target, protected: set[str]) -> None:
                 "(where the base lacks the model's architecture)"
             )
         return
-    if not target.path.startswith(SERVING_TREES):
+    if not in_serving_trees(target.path):
         raise PayloadError(
             f"{label}: {target.path} is outside the serving layer "
             f"({', '.join(SERVING_TREES)} and {REGISTRY})"
