@@ -43,3 +43,32 @@ def checkout_copy():
         return destination
 
     return copy
+
+
+
+@pytest.fixture
+def started_process():
+    """start(argv): a Popen of argv in a session of its own, returned once the child runs argv
+    (between fork and exec, and while exec swaps the image, /proc/<pid>/cmdline is the parent's
+    or empty, so a test asserting on a command line must not look earlier). Killed at teardown."""
+    import time
+
+    started = []
+
+    def start(argv, seconds=5.0):
+        process = subprocess.Popen(argv, start_new_session=True)
+        started.append(process)
+        wanted = "\0".join(argv).encode() + b"\0"
+        deadline = time.monotonic() + seconds
+        while True:
+            with open("/proc/%d/cmdline" % process.pid, "rb") as stream:
+                if stream.read() == wanted:
+                    return process
+            if time.monotonic() > deadline:
+                raise AssertionError("%r did not start within %.0f s" % (argv, seconds))
+            time.sleep(0.005)
+
+    yield start
+    for process in started:
+        process.kill()
+        process.wait()

@@ -126,12 +126,9 @@ def engine(tmp_path, server_script, run_module):
 
 
 @pytest.fixture
-def foreign_process():
+def foreign_process(started_process):
     """A process that is not the engine: a sleep under another command line."""
-    process = subprocess.Popen(["sleep", "60"])
-    yield process
-    process.kill()
-    process.wait()
+    return started_process(["sleep", "60"])
 
 
 def environ_of(pid):

@@ -1,7 +1,6 @@
 """gpu_facts against fake ixsmi executables that print what nvidia-smi-like tools print."""
 
 import stat
-import subprocess
 import textwrap
 
 import pytest
@@ -113,18 +112,14 @@ def test_a_row_with_missing_fields_fails(tmp_path, run):
     assert failed and "expected 6 fields" in result["msg"]
 
 
-def test_the_collections_own_engine_does_not_make_its_gpus_busy(tmp_path, run):
+def test_the_collections_own_engine_does_not_make_its_gpus_busy(tmp_path, run, started_process):
     # A process in a session (and process group) of its own, as engine_process starts the engine.
-    engine = subprocess.Popen(["sleep", "60"], start_new_session=True)
-    try:
-        pid_file = tmp_path / "vllm.pid"
-        pid_file.write_text(f"{engine.pid}\n")
-        apps = f"{UUIDS[1]}, {engine.pid}, python3, 30512\n{UUIDS[3]}, 1, foreign, 1024\n"
-        ixsmi = fake_ixsmi(tmp_path, four_gpus(used=(0, 30512, 0, 1024)), apps)
-        failed, result = run({"ixsmi_path": ixsmi, "own_pid_file": str(pid_file)})
-    finally:
-        engine.kill()
-        engine.wait()
+    engine = started_process(["sleep", "60"])
+    pid_file = tmp_path / "vllm.pid"
+    pid_file.write_text(f"{engine.pid}\n")
+    apps = f"{UUIDS[1]}, {engine.pid}, python3, 30512\n{UUIDS[3]}, 1, foreign, 1024\n"
+    ixsmi = fake_ixsmi(tmp_path, four_gpus(used=(0, 30512, 0, 1024)), apps)
+    failed, result = run({"ixsmi_path": ixsmi, "own_pid_file": str(pid_file)})
     facts = result["gpu_facts"]
     assert not failed and facts["free"] == [0, 1, 2]
     assert [(p["pid"], p["own"]) for p in facts["processes"]] == [(engine.pid, True), (1, False)]
