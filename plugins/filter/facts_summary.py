@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections import Counter
 
 
-def facts_summary(vllm: dict, gpus: dict) -> list[str]:
+def facts_summary(vllm: dict, gpus: dict | None) -> list[str]:
     """Summarise the facts of vllm_facts and gpu_facts as readable lines."""
     return [
         f"vLLM {vllm['version']} (layout {vllm['layout']}) for Python {vllm['python_version']}"
@@ -59,7 +59,9 @@ def _files_line(kind: str, files: dict) -> str:
     return line + (f" (absent: {', '.join(absent)})" if absent else "")
 
 
-def _gpus_line(gpus: dict) -> str:
+def _gpus_line(gpus: dict | None) -> str:
+    if gpus is None:
+        return "GPUs: not read (the engine phase is skipped)"
     if not gpus["count"]:
         return "GPUs: none"
     kinds = Counter((gpu["name"], gpu["memory_total_mib"]) for gpu in gpus["gpus"])

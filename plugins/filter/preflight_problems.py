@@ -6,8 +6,9 @@
 from __future__ import annotations
 
 
-def preflight_problems(vllm: dict, gpus: dict, tensor_parallel_size: int) -> list[str]:
-    """Return the problems found in the facts of vllm_facts and gpu_facts (empty = fit)."""
+def preflight_problems(vllm: dict, gpus: dict | None, tensor_parallel_size: int) -> list[str]:
+    """Return the problems found in the facts of vllm_facts and gpu_facts (empty = fit). No GPU
+    facts (a run that skips the engine phase does not read them) means no GPU problems."""
     return [
         *_registry_problems(vllm),
         *_gpu_problems(gpus, tensor_parallel_size),
@@ -23,7 +24,9 @@ def _registry_problems(vllm: dict) -> list[str]:
     return []
 
 
-def _gpu_problems(gpus: dict, tensor_parallel_size: int) -> list[str]:
+def _gpu_problems(gpus: dict | None, tensor_parallel_size: int) -> list[str]:
+    if gpus is None:
+        return []
     if gpus["count"] < tensor_parallel_size:
         return [
             f"tensor_parallel_size is {tensor_parallel_size} but {gpus['ixsmi']} reports "

@@ -30,6 +30,10 @@ def test_an_unusable_registry_and_model_show_their_errors():
     assert lines[4] == "GPUs: none"
 
 
+def test_gpus_not_read_are_said_to_be_unread():
+    assert facts_summary(vllm(), None)[4] == "GPUs: not read (the engine phase is skipped)"
+
+
 def test_without_a_model_path_the_model_line_says_so():
     facts = vllm()
     del facts["model"]

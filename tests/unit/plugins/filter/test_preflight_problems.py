@@ -31,6 +31,13 @@ def test_gpus_held_by_someone_else_are_named_with_their_process():
     ]
 
 
+def test_gpus_not_read_are_not_judged_and_the_rest_still_is():
+    # A run with --skip-tags engine reads no GPU: staging alone needs none free.
+    assert preflight_problems(vllm(), None, tensor_parallel_size=4) == []
+    assert preflight_problems(unregistered(False), None, tensor_parallel_size=4) == \
+        preflight_problems(unregistered(False), GPUS, tensor_parallel_size=4) != []
+
+
 def test_an_unusable_registry_names_its_file_and_the_error():
     facts = vllm()
     facts["registry"].update(error="registry.py line 42: invalid syntax", architectures={})
