@@ -26,9 +26,11 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(REPO / "benchmarks"), str(REPO / "tests" / "lab")]
 
 import lab as lab_builder  # noqa: E402
-from stage_vs_naive import timed_playbook  # noqa: E402
+from stage_vs_naive import timed_playbook  # noqa: E402  (puts the collection on the path)
 
-STATE_DIR = "/var/lib/biv100-serving"
+from ansible_collections.biv100.serving.plugins.module_utils._state_store import (  # noqa: E402
+    DEFAULT_STATE_DIR as STATE_DIR,
+)
 
 
 def deploy(checkout: Path, inventory: Path, state_dir: str) -> float:

@@ -9,15 +9,6 @@ from __future__ import annotations
 import re
 from typing import Callable, NamedTuple
 
-# The deployment's default. The team's fragmentation OOM came from large cached blocks being
-# split for small requests until no run of free memory was long enough: max_split_size_mb:512
-# keeps blocks above 512 MB whole, and garbage_collection_threshold:0.8 makes the allocator give
-# back unused cached blocks once 80% of the memory it may use is reserved, before a cudaMalloc
-# fails. expandable_segments:True would be the modern remedy, but a vendor torch older than 2.1
-# refuses it at start-up and vLLM's sleep mode refuses it too; both keys here are known since
-# torch 1.12.
-DEFAULT_ALLOCATOR_OPTIONS = {"max_split_size_mb": 512, "garbage_collection_threshold": 0.8}
-
 
 class AllocatorOption(NamedTuple):
     since: tuple[int, int]  # the first torch (major, minor) whose allocator knows the key

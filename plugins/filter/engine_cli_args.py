@@ -10,18 +10,6 @@ import difflib
 import json
 from typing import Callable, NamedTuple
 
-# The engine parameters already proven on the platform (submission 168).
-SUB168 = {
-    "max_model_len": 256000,
-    "max_num_seqs": 2,
-    "gpu_memory_utilization": 0.95,
-    "max_num_batched_tokens": 4096,
-    "enable_chunked_prefill": True,
-    "enforce_eager": True,
-    "dtype": "half",
-    "tensor_parallel_size": 4,
-}
-
 # Every option of `python -m vllm.entrypoints.openai.api_server` in vLLM 0.10.1.1, as argument
 # names: the `add_argument` long options of engine/arg_utils.py and entrypoints/openai/cli_args.py
 # plus the FrontendArgs fields that cli_args.py turns into options. The unit tests re-extract it

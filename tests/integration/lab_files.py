@@ -14,7 +14,7 @@ import yaml
 from lab import descendants  # noqa: F401  # pylint: disable=unused-import
 from playbook_runs import REPO
 
-STATE = "/var/lib/biv100-serving"
+from ansible_collections.biv100.serving.plugins.module_utils._state_store import DEFAULT_STATE_DIR as STATE
 REGISTRY = "model_executor/models/registry.py"
 CHAT = "entrypoints/openai/serving_chat.py"
 PROTOCOL = "entrypoints/openai/protocol.py"

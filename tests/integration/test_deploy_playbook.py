@@ -43,7 +43,7 @@ from playbook_runs import REPO, run_playbook, start_playbook
 
 import lab as lab_builder
 
-from ansible_collections.biv100.serving.plugins.filter.engine_cli_args import SUB168 as SUB168_ARGS
+from engine_defaults import SUB168 as SUB168_ARGS
 
 DEPLOY = "deploy.yml"
 VERIFY = "verify.yml"

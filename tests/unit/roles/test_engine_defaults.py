@@ -1,23 +1,44 @@
-"""The engine role's YAML defaults and the filters' constants are one parameter set, twice
-written (role defaults cannot import Python): they must not drift apart."""
+"""Sub168 and the allocator options are defined once, in the engine role's defaults: they are the
+brief's values, and no inventory, filter or play carries a copy that could drift from them."""
 
+import re
+import subprocess
 from pathlib import Path
 
 import yaml
-
-from ansible_collections.biv100.serving.plugins.filter.allocator_conf import DEFAULT_ALLOCATOR_OPTIONS
-from ansible_collections.biv100.serving.plugins.filter.engine_cli_args import SUB168
+from engine_defaults import DEFAULT_ALLOCATOR_OPTIONS, SUB168
 
 REPO = Path(__file__).resolve().parents[3]
 
 
 def test_the_engine_role_defaults_are_sub168_and_the_default_allocator():
-    defaults = yaml.safe_load((REPO / "roles" / "engine" / "defaults" / "main.yml").read_text())
-    assert defaults["engine_args"] == SUB168
-    assert defaults["engine_allocator"] == DEFAULT_ALLOCATOR_OPTIONS
+    # The parameter set proven on the platform, as the brief states it.
+    assert SUB168 == {"max_model_len": 256000, "max_num_seqs": 2, "gpu_memory_utilization": 0.95,
+                      "max_num_batched_tokens": 4096, "enable_chunked_prefill": True,
+                      "enforce_eager": True, "dtype": "half", "tensor_parallel_size": 4}
+    assert DEFAULT_ALLOCATOR_OPTIONS == {"max_split_size_mb": 512, "garbage_collection_threshold": 0.8}
 
 
-def test_the_production_inventory_carries_sub168_and_derives_preflight_from_it():
+def test_the_production_inventory_takes_sub168_from_the_role_and_preflight_follows_engine_args():
     group_vars = yaml.safe_load((REPO / "inventory" / "biv100" / "group_vars" / "biv100.yml").read_text())
-    assert group_vars["engine_args"] == SUB168
-    assert group_vars["preflight_tensor_parallel_size"] == "{{ engine_args.tensor_parallel_size }}"
+    assert "engine_args" not in group_vars and "preflight_tensor_parallel_size" not in group_vars
+    preflight = yaml.safe_load((REPO / "roles" / "preflight" / "defaults" / "main.yml").read_text())
+    assert preflight["preflight_tensor_parallel_size"] == "{{ engine_args.tensor_parallel_size }}"
+
+
+def settings_text(name: str) -> str:
+    """A file's text less its documentation: a module's DOCUMENTATION and EXAMPLES strings and a
+    plugin's documentation file show Sub168 as an example, they do not set it."""
+    text = (REPO / name).read_text()
+    if name.startswith("plugins/") and name.endswith((".yml", ".yaml")):
+        return ""
+    return re.sub(r'r?"""(?s:.*?)"""', "", text) if name.endswith(".py") else text
+
+
+def test_no_tracked_file_but_the_engine_defaults_sets_sub168s_context_length():
+    # 256000 bound to max_model_len anywhere else (a YAML key, a Python dict) is a copy.
+    tracked = subprocess.run(["git", "ls-files", "*.yml", "*.yaml", "*.py"], cwd=REPO, capture_output=True,
+                             text=True, check=True).stdout.split()
+    setting = re.compile(r"max_model_len\W{1,4}256000\b")
+    holders = [name for name in tracked if not name.startswith("tests/") and setting.search(settings_text(name))]
+    assert holders == ["roles/engine/defaults/main.yml"]

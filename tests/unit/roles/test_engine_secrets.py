@@ -15,7 +15,7 @@ import pytest
 import yaml
 from ansible.parsing.vault import VaultLib, VaultSecret
 
-from ansible_collections.biv100.serving.plugins.filter.engine_cli_args import SUB168
+from engine_defaults import SUB168
 
 REPO = Path(__file__).resolve().parents[3]
 RENDERER = Path(__file__).with_name("engine_role_vars.py")

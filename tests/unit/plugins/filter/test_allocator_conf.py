@@ -1,8 +1,9 @@
 import pytest
 
+from engine_defaults import DEFAULT_ALLOCATOR_OPTIONS
+
 from ansible_collections.biv100.serving.plugins.filter.allocator_conf import (
     ALLOCATOR_OPTIONS,
-    DEFAULT_ALLOCATOR_OPTIONS,
     FilterModule,
     allocator_conf,
     allocator_conf_problems,

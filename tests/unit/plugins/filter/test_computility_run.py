@@ -2,12 +2,13 @@ import pytest
 import yaml
 from ansible.errors import AnsibleFilterError
 
+from engine_defaults import SUB168
+
 from ansible_collections.biv100.serving.plugins.filter.computility_run import (
     FilterModule,
     computility_run,
 )
 from ansible_collections.biv100.serving.plugins.filter.engine_cli_args import (
-    SUB168,
     engine_cli_args,
 )
 

@@ -3,8 +3,9 @@ import ast
 import pytest
 import vllm_sources
 
+from engine_defaults import SUB168
+
 from ansible_collections.biv100.serving.plugins.filter.engine_cli_args import (
-    SUB168,
     VLLM_0_10_1_1_ARGUMENTS,
     FilterModule,
     engine_args_problems,

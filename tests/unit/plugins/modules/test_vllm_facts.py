@@ -11,8 +11,9 @@ import sys
 
 import pytest
 
+from engine_defaults import SUB168
+
 from ansible_collections.biv100.serving.plugins.filter.engine_cli_args import (
-    SUB168,
     VLLM_0_10_1_1_ARGUMENTS,
 )
 from ansible_collections.biv100.serving.plugins.modules import vllm_facts
