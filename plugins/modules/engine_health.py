@@ -46,6 +46,7 @@ options:
         RV(log_tail), and the message names the file and the tail's length.
     type: path
 extends_documentation_fragment:
+  - biv100.serving.posix_host
   - ansible.builtin.action_common_attributes
   - biv100.serving.engine_endpoint
 attributes:
@@ -55,9 +56,6 @@ attributes:
       - Only reads, so it waits and checks in check mode too.
   diff_mode:
     support: none
-  platform:
-    support: full
-    platforms: posix
 seealso:
   - module: biv100.serving.engine_process
 """

@@ -125,6 +125,7 @@ options:
       - Read only with O(suites).
     type: path
 extends_documentation_fragment:
+  - biv100.serving.posix_host
   - ansible.builtin.action_common_attributes
   - ansible.builtin.action_common_attributes.flow
   - biv100.serving.engine_endpoint
@@ -143,9 +144,6 @@ attributes:
       - The requests read nothing but the engine's answers; they are sent in check mode too.
   diff_mode:
     support: none
-  platform:
-    support: full
-    platforms: posix
 seealso:
   - module: biv100.serving.engine_health
 """

@@ -41,6 +41,7 @@ options:
         the GPUs its running engine holds still available to it.
     type: path
 extends_documentation_fragment:
+  - biv100.serving.posix_host
   - ansible.builtin.action_common_attributes
   - ansible.builtin.action_common_attributes.facts
 attributes:
@@ -54,9 +55,6 @@ attributes:
       - Changes nothing, so there is no diff.
   facts:
     support: full
-  platform:
-    support: full
-    platforms: posix
     details:
       - Needs the CoreX C(ixsmi) tool on the host.
 notes:

@@ -84,6 +84,7 @@ options:
     type: bool
     default: false
 extends_documentation_fragment:
+  - biv100.serving.posix_host
   - ansible.builtin.action_common_attributes
   - biv100.serving.state_store
   - biv100.serving.vllm_package
@@ -96,9 +97,6 @@ attributes:
     support: full
     details:
       - The baseline document before and after, when the run changes it.
-  platform:
-    support: N/A
-    platforms: posix
 notes:
   - A guarded path must be relative to O(package_root) and must not contain C(..); a path
     naming a directory fails, name its files instead. An O(ignore) pattern must be relative.

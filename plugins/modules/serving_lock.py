@@ -53,6 +53,7 @@ options:
     type: bool
     default: false
 extends_documentation_fragment:
+  - biv100.serving.posix_host
   - ansible.builtin.action_common_attributes
   - ansible.builtin.action_common_attributes.flow
   - biv100.serving.state_store
@@ -75,9 +76,6 @@ attributes:
     support: full
     details:
       - The lock's content before and after.
-  platform:
-    support: N/A
-    platforms: posix
 notes:
   - The controller's C(ansible-playbook) process is the parent of the worker process that runs
     the action (ansible-core forks its workers from it), so a holder's C(pid) lives exactly as

@@ -73,6 +73,7 @@ options:
       - The other options are not read then.
     type: dict
 extends_documentation_fragment:
+  - biv100.serving.posix_host
   - ansible.builtin.action_common_attributes
   - ansible.builtin.action_common_attributes.flow
   - biv100.serving.state_store
@@ -94,9 +95,6 @@ attributes:
     support: full
     details:
       - Shows each changed text file as a unified diff.
-  platform:
-    support: full
-    platforms: posix
 seealso:
   - module: biv100.serving.vllm_facts
   - module: biv100.serving.model_guard

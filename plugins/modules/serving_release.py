@@ -47,6 +47,7 @@ options:
     type: int
     default: 14
 extends_documentation_fragment:
+  - biv100.serving.posix_host
   - ansible.builtin.action_common_attributes
   - biv100.serving.state_store
   - biv100.serving.vllm_package
@@ -59,9 +60,6 @@ attributes:
     support: full
     details:
       - The release's status before and after.
-  platform:
-    support: full
-    platforms: posix
 seealso:
   - module: biv100.serving.serving_overlay
 """

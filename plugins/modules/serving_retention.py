@@ -31,6 +31,7 @@ options:
     type: int
     default: 14
 extends_documentation_fragment:
+  - biv100.serving.posix_host
   - ansible.builtin.action_common_attributes
   - biv100.serving.state_store
 attributes:
@@ -40,9 +41,6 @@ attributes:
       - Reports what it would remove.
   diff_mode:
     support: none
-  platform:
-    support: full
-    platforms: posix
 seealso:
   - module: biv100.serving.serving_rollback
 """

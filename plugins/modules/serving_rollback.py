@@ -54,6 +54,7 @@ options:
     type: bool
     default: false
 extends_documentation_fragment:
+  - biv100.serving.posix_host
   - ansible.builtin.action_common_attributes
   - biv100.serving.state_store
   - biv100.serving.vllm_package
@@ -66,9 +67,6 @@ attributes:
     support: full
     details:
       - The current release and the sha256 of every file that would change.
-  platform:
-    support: full
-    platforms: posix
 seealso:
   - module: biv100.serving.serving_overlay
   - module: biv100.serving.serving_release

@@ -51,6 +51,7 @@ options:
         (because a release patched it), RV(vllm_facts.model.missing_in_base) is decided
         from that copy rather than from the installed file.
 extends_documentation_fragment:
+  - biv100.serving.posix_host
   - ansible.builtin.action_common_attributes
   - ansible.builtin.action_common_attributes.facts
   - biv100.serving.state_store
@@ -63,9 +64,6 @@ attributes:
     support: none
   facts:
     support: full
-  platform:
-    support: N/A
-    platforms: posix
 notes:
   - Layouts, by the first marker present in the package; C(v0) (0.8 to 0.10, the V0 engine's
     C(worker/model_runner.py) is still shipped), C(v1-split) (0.33, the OpenAI entrypoints are
