@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -45,14 +46,11 @@ def checkout_copy():
     return copy
 
 
-
 @pytest.fixture
 def started_process():
     """start(argv): a Popen of argv in a session of its own, returned once the child runs argv
     (between fork and exec, and while exec swaps the image, /proc/<pid>/cmdline is the parent's
     or empty, so a test asserting on a command line must not look earlier). Killed at teardown."""
-    import time
-
     started = []
 
     def start(argv, seconds=5.0):

@@ -8,7 +8,6 @@ import pwd
 import signal
 import stat
 import socket
-import subprocess
 import sys
 import textwrap
 import time
