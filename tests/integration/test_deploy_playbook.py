@@ -192,7 +192,8 @@ def test_changing_one_argument_restarts_only_the_engine(lab, first_deploy, tmp_p
 @pytest.mark.parametrize("extravars, message", [
     ({"engine_args": sub168(gpu_memory_utilization=1.2)}, "engine_args.gpu_memory_utilization is 1.2: it must be in (0, 1]"),
     ({"engine_args": sub168(dtype="fp16")}, "engine_args.dtype is 'fp16': vLLM accepts auto, half"),
-    ({"engine_args": sub168(tensor_parallel_size=8)}, "engine_args.tensor_parallel_size is 8 but the host has 4 free GPUs"),
+    # Preflight's tensor-parallel size is the engine's, in the lab's inventory as in any other.
+    ({"engine_args": sub168(tensor_parallel_size=8)}, "tensor_parallel_size is 8 but /usr/local/corex/bin/ixsmi reports 4 GPUs"),
     ({"engine_args": sub168(enable_chunked_prefill=False)}, "engine_args.max_num_batched_tokens is 4096, smaller than engine_args.max_model_len 256000"),
     ({"engine_args": sub168(max_model_len=300000)}, "engine_args.max_model_len is 300000, above the model's max_position_embeddings 262144"),
     ({"engine_args": sub168(max_num_seq=2)}, "engine_args.max_num_seq is not an argument of the host's vLLM OpenAI server"),
