@@ -42,7 +42,8 @@ def test_the_filter_documentation_parses(path):
 @pytest.mark.parametrize("name", FRAGMENTS)
 def test_each_doc_fragment_parses_and_is_used(name):
     fragment = importlib.import_module(f"ansible_collections.biv100.serving.plugins.doc_fragments.{name}")
-    assert yaml.safe_load(fragment.ModuleDocFragment.DOCUMENTATION)["options"]
+    documented = yaml.safe_load(fragment.ModuleDocFragment.DOCUMENTATION)
+    assert documented.get("options") or documented.get("attributes"), name
     users = [path.name for path in DOCUMENTED
              if f"biv100.serving.{name}" in (yaml.safe_load(documentation_strings(path)["DOCUMENTATION"])
                                              .get("extends_documentation_fragment") or [])]
