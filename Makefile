@@ -8,6 +8,8 @@ BIN := $(VENV)/bin
 # molecule, ansible-runner and ansible-lint start ansible-playbook by name: make it the venv's.
 export PATH := $(CURDIR)/$(BIN):$(PATH)
 LAB_HOSTS ?= 4
+# The inventory whose fleet `make report` draws (its ledger is ledger/<fleet>).
+REPORT_INVENTORY ?= inventory/lab
 # git: ansible-test lists the collection's files with it.
 DEBIAN_PACKAGES := openssh-server openssh-client iproute2 python3-venv git
 # ansible-test sanity compiles and imports the host-side code on each of these that is installed
@@ -16,7 +18,7 @@ SANITY_PYTHONS := 3.8 3.9 3.10 3.11 3.12 3.13
 # Where pyenv keeps the other Pythons, when the machine has them (their shims may not work).
 PYENV_VERSIONS := $(or $(PYENV_ROOT),$(HOME)/.pyenv)/versions
 
-.PHONY: deploy test setup debian-packages lab-up lab-down facts verify unit lint integration molecule lock bench
+.PHONY: deploy test setup debian-packages lab-up lab-down facts verify report unit lint integration molecule lock bench
 
 ## Main job: build the lab (if it is not up) and deploy onto it, with its verification.
 deploy: setup lab-up
@@ -49,6 +51,12 @@ facts: setup lab-up
 
 verify: setup lab-up
 	$(BIN)/ansible-playbook verify.yml -i inventory/lab
+
+## Plots of every release's figures (score with its gate, TTFT/TPOT, quality deviation) and a page
+## with the releases' table, from the fleet's ledger into build/report/<fleet>/index.html; runs on
+## the controller only, lab up or not (REPORT_INVENTORY=inventory/biv100 for the team's fleet).
+report: setup
+	ANSIBLE_LOCALHOST_WARNING=false $(BIN)/ansible-playbook report.yml -i $(REPORT_INVENTORY)
 
 unit: setup
 	$(BIN)/pytest tests/unit -q

@@ -85,6 +85,7 @@ from ansible.template import Templar
 
 from ansible_collections.biv100.serving.plugins.filter.probe_summary import probe_summary
 from ansible_collections.biv100.serving.plugins.module_utils._state_store import atomic_write, utc_timestamp
+from ansible_collections.biv100.serving.plugins.plugin_utils._report import figure_cells
 
 LEDGER_FILE = "ledger.jsonl"
 TABLE_FILE = "LEDGER.md"
@@ -370,6 +371,24 @@ def _rolled_back(entry, answer, failed):
     entry.update(release=answer.get("release") or "base", state="rolled back")
 
 
+# The gates' figures, as the engine_bench and engine_quality actions return them at the top of
+# their result; `make report` draws them and LEDGER.md shows the headline ones.
+BENCH_KEYS = ("score", "input_tps", "output_tps", "total_tps", "request_tps", "requests", "ttft_ms",
+              "tpot_ms", "itl_ms", "e2e_ms", "weights", "gate", "simulated", "workload")
+QUALITY_KEYS = ("score", "cases", "correct", "baseline", "deviation", "bound", "passed", "simulated")
+
+
+def _benched(entry, answer, failed):
+    # A bench that missed the gate fails its task and still holds its figures.
+    if "score" in answer:
+        entry["bench"] = {key: answer[key] for key in BENCH_KEYS if key in answer}
+
+
+def _scored(entry, answer, failed):
+    if "score" in answer:
+        entry["quality"] = {key: answer[key] for key in QUALITY_KEYS if key in answer}
+
+
 RECORDERS = {
     "serving_overlay": _staged,
     "model_guard": _guarded,
@@ -377,6 +396,8 @@ RECORDERS = {
     "engine_process": _engine,
     "serving_release": _marked,
     "serving_rollback": _rolled_back,
+    "engine_bench": _benched,
+    "engine_quality": _scored,
 }
 
 
@@ -392,11 +413,30 @@ def outcome_line(entry: dict | None) -> str:
         parts.append(f"rollback {one_line(rollback)}")
     if entry.get("probes"):
         parts.append(one_line(entry["probes"]))
+    parts.extend(gate_parts(entry))
     if entry.get("failure"):
         parts.append(f"failed at {one_line(entry['failure'])}")
     if entry.get("unreachable"):
         parts.append(one_line(lost_at(entry)))
     return "; ".join(parts)
+
+
+def gate_parts(entry: dict) -> list[str]:
+    """The gates' headline figures of a host's line: the weighted score against its gate and the
+    quality score against its baseline, each marked when the lab's stand-in produced it."""
+    parts = []
+    bench, quality = entry.get("bench") or {}, entry.get("quality") or {}
+    if isinstance(bench.get("score"), (int, float)):
+        gate = bench.get("gate") or {}
+        verdict = f" {'>=' if gate.get('passed') else '<'} {gate['score']:.0f}" if "score" in gate else ""
+        parts.append(f"score {bench['score']:.0f}{verdict} (output {bench.get('output_tps', 0):.0f} tok/s)"
+                     + (" [simulated]" if bench.get("simulated") else ""))
+    if isinstance(quality.get("score"), (int, float)):
+        deviation = quality.get("deviation")
+        versus = (f" ({100 * deviation:+.1f} % vs {quality['baseline']['release']})"
+                  if isinstance(deviation, (int, float)) and quality.get("baseline") else "")
+        parts.append(f"quality {quality['score']:.3f}{versus}" + (" [simulated]" if quality.get("simulated") else ""))
+    return parts
 
 
 def one_line(text, limit: int = SHOWN_FAILURE_CHARS) -> str:
@@ -429,7 +469,8 @@ def read_lines(path: Path) -> list[dict]:
 
 
 COLUMNS = ("time", "host", "playbook", "submission", "release", "state", "files changed",
-           "guard", "probes", "rollback", "mappings", "failure")
+           "guard", "probes", "score", "output tok/s", "TTFT p99", "quality", "rollback", "mappings",
+           "failure")
 
 
 def table_row(line: dict) -> list[str]:
@@ -441,7 +482,10 @@ def table_row(line: dict) -> list[str]:
     return [line.get("time", ""), line.get("host", ""), line.get("playbook") or "",
             line.get("submission") or "", line.get("release") or "", line.get("state") or "",
             str(len(line.get("files_changed") or [])), one_line(line.get("guard") or "", 60),
-            one_line(line.get("probes") or ""), one_line(rollback or ""), mappings,
+            one_line(line.get("probes") or ""),
+            # The gates' headline figures: blank when not measured, "(sim)" on the lab's stand-in.
+            *figure_cells(line.get("bench"), line.get("quality")),
+            one_line(rollback or ""), mappings,
             one_line(line.get("failure") or lost_at(line))]
 
 

@@ -47,6 +47,11 @@ class StateDir(object):
     def baseline(self):
         return os.path.join(self.root, "baseline", "protected.json")
 
+    @property
+    def quality_baseline(self):
+        """{release, score}: the quality score other releases are held to."""
+        return os.path.join(self.root, "baseline", "quality.json")
+
     def base_copy(self, package_path):
         return os.path.join(self.root, "base", package_path)
 

@@ -23,6 +23,10 @@ description:
     probes' requests through this module in one call, judges each answer on the controller,
     and fails the task when a probe fails, naming the first, the expectation it missed and the
     answer.
+  - Expectations read the answer and the probe's own C(request), and may call, besides
+    jmespath's functions, C(from_json), C(json_valid), C(schema_ok), C(schema_errors) (JSON
+    Schema draft 2020-12 / draft 7, no dependency), C(regex_match) and C(regex_fullmatch), so
+    that structured output and tool-call arguments are judged by parsing and validating them.
   - Without O(suites) the module only sends O(requests) and judges nothing.
   - Only C(http://) URLs are probed (the engine's local address).
   - Requests are read-only for the engine, so they are also sent in check mode.
@@ -192,6 +196,14 @@ results:
     content_type:
       description: The answer's Content-Type.
       type: str
+    headers:
+      description:
+        - The answer's headers, names lower-cased (a repeated header's values joined with
+          C(, )); empty when no answer came.
+        - How the engine tells about itself beyond the body, for instance the lab's stand-in
+          marking its answers with C(x-biv100-simulated).
+      type: dict
+      version_added: 0.2.0
     body:
       description: The answer's JSON; null when it was not JSON (or a stream).
       type: raw
@@ -374,6 +386,7 @@ def send(url, api_key, request, excerpt_bytes):
         "name": request["name"],
         "status": None,
         "content_type": None,
+        "headers": {},
         "body": None,
         "text": None,
         "stream": None,
@@ -400,6 +413,11 @@ def send(url, api_key, request, excerpt_bytes):
             response = connection.getresponse()
             result["status"] = response.status
             result["content_type"] = response.getheader("Content-Type")
+            for header, value in response.getheaders():
+                header = header.lower()
+                result["headers"][header] = (
+                    result["headers"][header] + ", " + value if header in result["headers"] else value
+                )
             if request.get("stream") and response.status == 200:
                 result["stream"] = read_stream(response)
             else:

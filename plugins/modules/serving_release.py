@@ -18,8 +18,14 @@ description:
   - With O(status), records the release's verdict - V(good) once its probes passed, V(failed)
     with O(reason) - in its record, with the time and reason appended to its history, and
     O(engine), the engine settings the verdict was reached with, which a rollback to the
-    release brings back. The record is rewritten atomically; recording what it already holds
-    changes nothing.
+    release brings back, and O(gates), the figures the gates measured. The record is rewritten
+    atomically; recording what it already holds changes nothing.
+  - Reports what the gates compare a release with - the last good release before it, with its
+    figures, and the quality baseline - so that one read-only call before the gates gives
+    them both.
+  - The first release marked V(good) with a quality score, when O(quality_baseline=first_good)
+    and the store has no quality baseline yet, becomes it (C(baseline/quality.json) in the
+    store), so that the baseline stays when old releases are pruned.
 author:
   - biv100.serving maintainers (!UNKNOWN)
 options:
@@ -37,6 +43,18 @@ options:
   engine:
     description: The engine settings to record with O(status) (arguments, allocator, variables).
     type: dict
+  gates:
+    description:
+      - The gates' figures to record with O(status) - C(bench) (the throughput figures of
+        M(biv100.serving.engine_bench)) and C(quality) (the score of
+        M(biv100.serving.engine_quality)) and the verdicts.
+    type: dict
+  quality_baseline:
+    description:
+      - The release whose quality score the gate holds others to - V(first_good), the first
+        release marked good with a quality score, or a release id, whose record must hold one.
+    type: str
+    default: first_good
   keep_good:
     description:
       - With O(status=good), then remove old releases as M(biv100.serving.serving_retention)
@@ -110,6 +128,22 @@ files:
   returned: always
   type: int
   sample: 3
+gates:
+  description: The gates' figures the release's record holds after the task, or null.
+  returned: always
+  type: dict
+last_good:
+  description:
+    - The last good release before this one (along the records' predecessors) and the gates'
+      figures it was proven with, or null.
+  returned: always
+  type: dict
+  sample: {release: sub509, gates: {bench: {score: 8437.1}, quality: {score: 0.969}}}
+quality_baseline:
+  description: The release and score the quality gate compares with, or null before there is one.
+  returned: always
+  type: dict
+  sample: {release: sub168, score: 0.969}
 """
 
 from ansible.module_utils.basic import AnsibleModule
@@ -118,6 +152,7 @@ from ansible_collections.biv100.serving.plugins.module_utils._release_retention 
 from ansible_collections.biv100.serving.plugins.module_utils._state_store import (
     DEFAULT_STATE_DIR,
     StateDir,
+    first_good,
     mark_status,
     read_json,
     write_json,
@@ -146,6 +181,33 @@ def file_drift(package_root, digests):
     return sentences
 
 
+def quality_score(record):
+    """The quality score a release record's gates hold, or None."""
+    quality = ((record or {}).get("gates") or {}).get("quality") or {}
+    score = quality.get("score")
+    return score if isinstance(score, (int, float)) and not isinstance(score, bool) else None
+
+
+def quality_baseline(module, store, wanted):
+    """{release, score} the quality gate compares with: the store's first good one, or a named
+    release's own score."""
+    if wanted == "first_good":
+        return read_json(store.quality_baseline)
+    score = quality_score(read_json(store.release_record(wanted)))
+    if score is None:
+        module.fail_json(msg="quality_baseline %s: %s holds no release with a quality score of that name"
+                         % (wanted, store.root))
+    return {"release": wanted, "score": score}
+
+
+def last_good(store, record):
+    """The last good release before this record's, with the figures it was proven with."""
+    release = first_good(record.get("previous"), lambda name: read_json(store.release_record(name)))
+    if release is None:
+        return None
+    return {"release": release, "gates": read_json(store.release_record(release)).get("gates")}
+
+
 def main():
     module = AnsibleModule(
         argument_spec=dict(
@@ -155,6 +217,8 @@ def main():
             status=dict(type="str", choices=["good", "failed"]),
             reason=dict(type="str", default=""),
             engine=dict(type="dict"),
+            gates=dict(type="dict"),
+            quality_baseline=dict(type="str", default="first_good"),
             keep_good=dict(type="int"),
             keep_failed_days=dict(type="int", default=14),
         ),
@@ -167,14 +231,16 @@ def main():
         if params["status"]:
             module.fail_json(msg="no release in %s to mark %s" % (store.root, params["status"]))
         module.exit_json(changed=False, release=None, status=None, previous_status=None, drift=[],
-                         files=0, removed=[])
+                         files=0, removed=[], gates=None, last_good=None,
+                         quality_baseline=quality_baseline(module, store, params["quality_baseline"]))
     record_path = store.release_record(release)
     record = read_json(record_path)
     if record is None and module.check_mode and params["status"]:
         # A check run of a deploy: the staging that would write the record did not.
         module.exit_json(changed=True, release=release, status=params["status"], previous_status=None,
-                         drift=[], files=0, removed=[], msg="release %s would be staged and marked %s"
-                         % (release, params["status"]))
+                         drift=[], files=0, removed=[], gates=params["gates"], last_good=None,
+                         quality_baseline=quality_baseline(module, store, params["quality_baseline"]),
+                         msg="release %s would be staged and marked %s" % (release, params["status"]))
     if record is None:
         module.fail_json(msg="release %s has no record in %s" % (release, store.root))
 
@@ -184,12 +250,24 @@ def main():
     changed = status != previous
     engine_changed = bool(params["status"]) and params["engine"] is not None and (
         record.get("engine") != params["engine"])
-    if (changed or engine_changed) and not module.check_mode:
+    gates_changed = bool(params["status"]) and params["gates"] is not None and (
+        record.get("gates") != params["gates"])
+    if (changed or engine_changed or gates_changed) and not module.check_mode:
         if changed:
             mark_status(record, status, params["reason"])
         if engine_changed:
             record["engine"] = params["engine"]
+        if gates_changed:
+            record["gates"] = params["gates"]
         write_json(record_path, record)
+    baseline = quality_baseline(module, store, params["quality_baseline"])
+    baseline_changed = False
+    if (status == "good" and baseline is None and params["quality_baseline"] == "first_good"
+            and quality_score({"gates": params["gates"]}) is not None):
+        baseline = {"release": release, "score": quality_score({"gates": params["gates"]})}
+        baseline_changed = True
+        if not module.check_mode:
+            write_json(store.quality_baseline, baseline)
     removed, pruned = [], False
     if params["keep_good"] is not None and status == "good":
         if params["keep_good"] < 1:
@@ -197,13 +275,16 @@ def main():
         _kept, removed, pruned = prune(store, params["keep_good"], params["keep_failed_days"],
                                        module.check_mode)
     result = dict(
-        changed=changed or engine_changed or pruned,
+        changed=changed or engine_changed or gates_changed or baseline_changed or pruned,
         removed=removed,
         release=release,
         status=status,
         previous_status=previous,
         drift=file_drift(params["package_root"], digests),
         files=len(digests),
+        gates=params["gates"] if gates_changed else record.get("gates"),
+        last_good=last_good(store, record),
+        quality_baseline=baseline,
         msg="release %s: %s%s" % (release, status, " (was %s)" % previous if changed else ""),
     )
     if module._diff:

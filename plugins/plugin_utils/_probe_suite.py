@@ -27,6 +27,39 @@ expectations may name the engine's values as `${name}`: in a request, a whole st
 is the value with its type, and inside a string its text; in an expectation, the value as a
 jmespath literal (`max_model_len == ${max_model_len}`). In a body, `{$repeat: "word ", times: N}`
 stands for the text repeated N times (N a number or `${name}`), expanded on the host.
+
+An expectation reads the answer - `status`, `body` (the JSON), `text` (an answer that is not
+JSON), `stream` (a streamed answer: `choices` assembled per index, `usage`, `done`,
+`event_count`, the first 50 `events`), `responses` (every copy of a concurrent or repeated
+request), `latency_ms`, `error` - and `request`, the probe's request with its values filled in
+(before `$repeat` is expanded), so that what was asked for is written once:
+
+    - schema_ok(from_json(body.choices[0].message.content),
+                request.body.response_format.json_schema.schema)
+
+Besides jmespath's own functions, expectations may call these, which a judge of an
+OpenAI-compatible server needs and jmespath lacks:
+
+    from_json(text)              the JSON value the text holds; null when it is not JSON (or null).
+                                 Strict: NaN and Infinity are not JSON; whitespace around is.
+    json_valid(text)             true when the text is one JSON value (false for null); tells
+                                 an answer of `null` from one that does not parse
+    schema_errors(value, schema) the list of what makes value invalid against the JSON Schema
+                                 (draft 2020-12 / draft 7 keywords, local $refs; see
+                                 _json_schema.py), each naming the JSON pointer of the place;
+                                 empty when valid
+    schema_ok(value, schema)     true when schema_errors is empty
+    regex_match(text, pattern)   true when Python's re.search finds pattern in text
+    regex_fullmatch(text, pattern)  true when pattern matches the whole text
+
+A schema is an object (or a boolean): a JSON literal in the expectation
+(`` `{"type": "object"}` ``), a value (`${answer_schema}`), a part of the request
+(`request.body.tools[0].function.parameters`) or a multi-select built of them
+(`{type: 'array', items: request.body.tools[0].function.parameters}`). A pattern is Python
+`re` syntax in a raw string literal ('^chatcmpl-'). Calling a function that does not exist or
+with the wrong number of arguments, and a literal pattern that is not a regular expression,
+fail the suite when it is loaded; a schema that cannot be applied (a $ref that does not
+resolve) fails the expectation, naming why.
 """
 
 from __future__ import annotations
@@ -39,17 +72,31 @@ from pathlib import Path
 
 import yaml
 
+from ansible_collections.biv100.serving.plugins.plugin_utils._json_schema import (
+    SchemaError,
+    schema_errors,
+)
+
 # jmespath is a controller requirement (requirements.txt), not one of ansible-core's: without it
 # the plugins still load, and a run that has probes to judge fails naming the package.
 try:
     import jmespath
     from jmespath.exceptions import JMESPathError
+    from jmespath.functions import Functions, signature
 except ImportError as error:
     jmespath = None
     JMESPATH_IMPORT_ERROR: ImportError | None = error
 
     class JMESPathError(ValueError):
         """Stands in for jmespath's error class, which nothing raises without jmespath."""
+
+    class Functions:
+        """Stands in for jmespath's function table, which nothing calls without jmespath."""
+
+        FUNCTION_TABLE: dict = {}
+
+    def signature(*_arguments):
+        return lambda function: function
 
 else:
     JMESPATH_IMPORT_ERROR = None
@@ -64,6 +111,74 @@ EXCERPT_CHARS = 400
 
 class SuiteError(ValueError):
     """A suite that cannot be run; the message names the file and the probe."""
+
+
+class ExpectationError(JMESPathError):
+    """A function of the expectations that cannot judge with its arguments (a pattern that is
+    not a regular expression, a schema that cannot be applied); the expectation fails."""
+
+
+def _parse_json(text):
+    """(whether text is one JSON value, that value)."""
+    if not isinstance(text, str):
+        return False, None
+    try:
+        return True, json.loads(text, parse_constant=_not_json)
+    except (ValueError, RecursionError):
+        return False, None
+
+
+def _not_json(constant):
+    raise ValueError(f"{constant} is not JSON")
+
+
+def _regex(pattern: str, function: str):
+    try:
+        return re.compile(pattern)
+    except re.error as error:
+        raise ExpectationError(f"{function}: {pattern!r} is not a regular expression: "
+                               f"{error}") from None
+
+
+class ProbeFunctions(Functions):
+    """jmespath's functions, and those judging an OpenAI-compatible server needs (module
+    docstring): strict JSON parsing, JSON Schema validation, regular expressions."""
+
+    @signature({"types": ["string", "null"]})
+    def _func_from_json(self, text):
+        return _parse_json(text)[1]
+
+    @signature({"types": ["string", "null"]})
+    def _func_json_valid(self, text):
+        return _parse_json(text)[0]
+
+    @signature({"types": []}, {"types": ["object", "boolean"]})
+    def _func_schema_errors(self, value, schema):
+        try:
+            return schema_errors(value, schema)
+        except SchemaError as error:
+            raise ExpectationError(f"the schema cannot be applied: {error}") from None
+
+    @signature({"types": []}, {"types": ["object", "boolean"]})
+    def _func_schema_ok(self, value, schema):
+        return not self._func_schema_errors(value, schema)
+
+    @signature({"types": ["string"]}, {"types": ["string"]})
+    def _func_regex_match(self, text, pattern):
+        return _regex(pattern, "regex_match").search(text) is not None
+
+    @signature({"types": ["string"]}, {"types": ["string"]})
+    def _func_regex_fullmatch(self, text, pattern):
+        return _regex(pattern, "regex_fullmatch").fullmatch(text) is not None
+
+
+OWN_FUNCTIONS = ("from_json", "json_valid", "schema_errors", "schema_ok", "regex_match",
+                 "regex_fullmatch")
+PATTERN_FUNCTIONS = ("regex_match", "regex_fullmatch")
+
+
+def _options():
+    return jmespath.Options(custom_functions=ProbeFunctions())
 
 
 @dataclass
@@ -137,9 +252,36 @@ def _probe(entry, where: str, source: str) -> Probe:
 
 def _compile(expression: str, where: str) -> None:
     try:
-        jmespath.compile(expression)
+        parsed = jmespath.compile(expression).parsed
     except JMESPathError as error:
         raise SuiteError(f"{where}: expect {expression!r} is not jmespath: {error}") from None
+    _check_calls(parsed, f"{where}: expect {expression!r}")
+
+
+def _check_calls(node, where: str) -> None:
+    """Every function called exists and gets its number of arguments, and every literal
+    pattern compiles, so that a typo fails the suite before any request is sent."""
+    if not isinstance(node, dict):
+        return
+    if node.get("type") == "function_expression":
+        name, arguments = node["value"], node.get("children") or []
+        spec = ProbeFunctions.FUNCTION_TABLE.get(name)
+        if spec is None:
+            raise SuiteError(f"{where} calls {name}(), which is neither one of jmespath's "
+                             f"functions nor one of {', '.join(OWN_FUNCTIONS)}")
+        expected = spec["signature"]
+        variadic = bool(expected) and expected[-1].get("variadic")
+        if len(arguments) < len(expected) or (not variadic and len(arguments) > len(expected)):
+            raise SuiteError(f"{where} calls {name}() with {len(arguments)} arguments, "
+                             f"{'at least ' if variadic else ''}{len(expected)} expected")
+        if name in PATTERN_FUNCTIONS and arguments[1].get("type") == "literal" \
+                and isinstance(arguments[1].get("value"), str):
+            try:
+                _regex(arguments[1]["value"], name)
+            except ExpectationError as error:
+                raise SuiteError(f"{where}: {error}") from None
+    for child in node.get("children") or []:
+        _check_calls(child, where)
 
 
 def jmespath_literal(value) -> str:
@@ -223,10 +365,12 @@ class Verdict:
 
 def judge(probe: Probe, answer: dict) -> Verdict:
     """The first expectation the answer does not meet, with an excerpt of the answer."""
+    data = dict(answer, request=probe.request)
+    options = _options()
     for expression in probe.expect:
         try:
-            met = truthy(jmespath.search(expression, answer))
-        except JMESPathError as error:  # a type error on this answer's shape
+            met = truthy(jmespath.search(expression, data, options=options))
+        except JMESPathError as error:  # a type error on this answer's shape, a bad schema
             met, expression = False, f"{expression} ({error})"
         if not met:
             return Verdict(probe.name, probe.guards, False, answer.get("latency_ms"),

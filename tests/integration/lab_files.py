@@ -15,6 +15,9 @@ from lab import descendants  # noqa: F401  # pylint: disable=unused-import
 from playbook_runs import REPO
 
 from ansible_collections.biv100.serving.plugins.module_utils._state_store import DEFAULT_STATE_DIR as STATE
+# What a healthy engine's probe summary starts with: every probe of the default suite passed.
+DEFAULT_PROBES = len(yaml.safe_load((REPO / "files" / "probes" / "default.yml").read_text()))
+ALL_PROBES_PASSED = f"{DEFAULT_PROBES}/{DEFAULT_PROBES} probes passed"
 REGISTRY = "model_executor/models/registry.py"
 CHAT = "entrypoints/openai/serving_chat.py"
 PROTOCOL = "entrypoints/openai/protocol.py"

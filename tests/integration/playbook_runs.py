@@ -34,6 +34,10 @@ class PlaybookRun:
     def failure_messages(self, host: str) -> list[str]:
         return [str(result.get("msg", "")) for result in self.failures(host)]
 
+    def stdout(self) -> str:
+        """What ansible-playbook printed, the callbacks' lines included."""
+        return "\n".join(event["stdout"] for event in self.events if event.get("stdout"))
+
     def results(self, host: str, task: str) -> list[dict]:
         """Results of the tasks named `task` on `host`, in the order they ran."""
         return [

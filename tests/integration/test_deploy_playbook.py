@@ -104,12 +104,18 @@ def test_the_engine_runs_with_exactly_sub168_and_the_env_file(lab, first_deploy)
 def test_every_host_passes_the_probes_and_its_release_is_marked_good(lab, first_deploy):
     for host in lab.hosts:
         (probed,) = first_deploy.results(host.name, PROBE_TASK)
-        assert probed["failed_probes"] == [] and len(probed["probes"]) >= 40
+        assert probed["failed_probes"] == [] and len(probed["probes"]) >= 60
         saved = json.loads(Path(probed["results_file"]).read_text())
         assert saved["host"] == host.name and saved["summary"] == probed["summary"]
         assert [answer["name"] for answer in saved["answers"]] == [p["name"] for p in probed["probes"]]
-        history = current_release(host)["history"]
-        assert history[-1]["status"] == "good" and history[-1]["reason"] == probed["summary"]
+        record = current_release(host)
+        # Marked good with each gate's verdict, and the figures it was proven with.
+        assert record["history"][-1]["status"] == "good"
+        functional, quality, throughput = record["history"][-1]["reason"].split("; ")
+        assert functional == f"{len(probed['probes'])}/{len(probed['probes'])} probes passed (at least 50)"
+        assert quality.startswith("quality 1.000") and throughput.startswith("score ") and "[simulated]" in throughput
+        assert record["gates"]["bench"]["gate"]["passed"] and record["gates"]["bench"]["simulated"]
+        assert record["gates"]["quality"]["score"] == 1.0
 
 
 def test_the_platform_run_file_carries_the_same_variables(lab, first_deploy):

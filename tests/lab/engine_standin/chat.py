@@ -9,16 +9,19 @@ parser and the qwen3_coder tool parser, so truncation has the consequences it ha
 engine (thinking that uses up the budget leaves no tool call).
 """
 
+import hashlib
 import json
 import re
 import time
 import uuid
 
+from . import evaluation_solver, sampling
 from . import simulated_model as model
 
 FUNCTION_BLOCK = re.compile(r"<function=([^>\n]+)>\n(.*?)</function>", re.S)
 PARAMETER_BLOCK = re.compile(r"<parameter=([^>\n]+)>\n(.*?)\n</parameter>", re.S)
-INTEGER_FIELDS = ("n", "max_tokens", "max_completion_tokens", "top_logprobs", "seed")
+INTEGER_FIELDS = ("n", "max_tokens", "max_completion_tokens", "top_logprobs", "seed",
+                  "min_tokens")
 MESSAGE_OVERHEAD_TOKENS = 5  # <|im_start|>role\n ... <|im_end|>\n of the Qwen chat template
 GENERATION_PROMPT_TOKENS = 3  # <|im_start|>assistant\n
 
@@ -48,11 +51,16 @@ def invalid_request(message):
                          f"{message}", "Bad Request")
 
 
+def validation_error(request_class, message):
+    """A field of a request that pydantic refuses, as FastAPI's handler reports it."""
+    return ApiError(400, f"1 validation error for {request_class}\n  {message}", "Bad Request")
+
+
 class ServingConfig:
     """What the chat endpoint needs to know about the running engine."""
 
     def __init__(self, served_names, max_model_len, max_num_seqs, enable_auto_tools,
-                 tool_parser, reasoning_parser, fixes, broken):
+                 tool_parser, reasoning_parser, fixes, broken, wrong_share=0.0):
         self.served_names = served_names
         self.max_model_len = max_model_len
         self.max_num_seqs = max_num_seqs
@@ -61,6 +69,7 @@ class ServingConfig:
         self.reasoning_parser = reasoning_parser
         self.fixes = fixes
         self.broken = broken  # the one BIV100_STANDIN_BREAK kind, or None
+        self.wrong_share = wrong_share  # BIV100_STANDIN_WRONG_SHARE (evaluation_solver)
 
 
 # ---- the request, as the protocol's validators leave it ---------------------------------
@@ -72,6 +81,7 @@ def validate_request(body, config):
                for message in body["messages"]):
         raise invalid_request("messages: each message needs a role")
     _check_integer_fields(body)
+    _check_number_fields(body)
     if config.broken == "max_completion_tokens" and "max_completion_tokens" in body:
         raise invalid_request("Extra inputs are not permitted: max_completion_tokens")
     if body.get("stream_options") and not body.get("stream"):
@@ -88,6 +98,61 @@ def _check_integer_fields(body):
         value = body.get(name)
         if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
             raise invalid_request(f"{name}: Input should be a valid integer")
+
+
+# Float fields of the request; top_k is an integer one.
+NUMBER_FIELDS = ("temperature", "top_p", "min_p", "presence_penalty", "frequency_penalty",
+                 "repetition_penalty")
+
+
+def _check_number_fields(body, request_class="ChatCompletionRequest"):
+    """Pydantic's lax parsing: a number, a boolean or a numeric string passes."""
+    for name in NUMBER_FIELDS + ("top_k",):
+        value = body.get(name)
+        kind, parse = ("integer", int) if name == "top_k" else ("number", float)
+        if value is None or isinstance(value, int):  # a boolean is an int
+            continue
+        if isinstance(value, float):
+            if parse is int and not value.is_integer():
+                raise validation_error(request_class, f"{name}: Input should be a valid "
+                                       "integer, got a number with a fractional part")
+            continue
+        if not isinstance(value, str):
+            raise validation_error(request_class, f"{name}: Input should be a valid {kind}")
+        try:
+            parse(value)
+        except ValueError:
+            article = "an" if parse is int else "a"
+            raise validation_error(request_class, f"{name}: Input should be a valid {kind}, "
+                                   f"unable to parse string as {article} {kind}") from None
+
+
+def _sampling_value(body, name):
+    value = body.get(name)
+    return None if value is None else float(value)
+
+
+def _check_sampling_ranges(body):
+    """SamplingParams._verify_args on the values a request gives, in its order (the model's
+    defaults pass); its ValueError is serving_chat's 400."""
+    for name in ("presence_penalty", "frequency_penalty"):
+        value = _sampling_value(body, name)
+        if value is not None and not -2.0 <= value <= 2.0:
+            raise bad_request(f"{name} must be in [-2, 2], got {value}.")
+    value = _sampling_value(body, "repetition_penalty")
+    if value is not None and value <= 0.0:
+        raise bad_request(f"repetition_penalty must be greater than zero, got {value}.")
+    value = _sampling_value(body, "temperature")
+    if value is not None and value < 0.0:
+        raise bad_request(f"temperature must be non-negative, got {value}.")
+    value = _sampling_value(body, "top_p")
+    if value is not None and not 0.0 < value <= 1.0:
+        raise bad_request(f"top_p must be in (0, 1], got {value}.")
+    if body.get("top_k") is not None and int(body["top_k"]) < -1:
+        raise bad_request(f"top_k must be 0 (disable), or at least 1, got {int(body['top_k'])}.")
+    value = _sampling_value(body, "min_p")
+    if value is not None and not 0.0 <= value <= 1.0:
+        raise bad_request(f"min_p must be in [0, 1], got {value}.")
 
 
 def _check_top_logprobs(body):
@@ -189,10 +254,18 @@ def token_budget(body, prompt_tokens, config):
     n = body.get("n") if body.get("n") is not None else 1
     if n < 1:
         raise bad_request(f"n must be at least 1, got {n}.")
+    _check_sampling_ranges(body)
     if requested is not None and requested < 1:
         raise bad_request(f"max_tokens must be at least 1, got {requested}.")
     default = config.max_model_len - prompt_tokens
-    return default if requested is None else min(default, requested)
+    budget = default if requested is None else min(default, requested)
+    min_tokens = sampling.min_tokens(body)
+    if min_tokens < 0:
+        raise bad_request(f"min_tokens must be greater than or equal to 0, got {min_tokens}.")
+    if min_tokens > budget:
+        raise bad_request(f"min_tokens must be less than or equal to max_tokens={budget}, "
+                          f"got {min_tokens}.")
+    return budget
 
 
 # ---- generation -------------------------------------------------------------------------
@@ -209,7 +282,11 @@ def calls_a_tool(body):
 
 def raw_output(body, stream, budget, config):
     """What the model writes, before the budget and stop strings cut it."""
-    answer = _tool_call_text(body, stream) if calls_a_tool(body) else _answer_text(body, stream)
+    if calls_a_tool(body):
+        answer = _tool_call_text(body, stream)
+    else:  # an evaluation-set question gets its computed answer
+        answer = (evaluation_solver.answer(body, config.wrong_share)
+                  or _answer_text(body, stream, config))
     if not thinking_enabled(body):
         return answer
     if config.broken == "thinking_tools" and calls_a_tool(body):
@@ -220,8 +297,11 @@ def raw_output(body, stream, budget, config):
     return f"{model.THINK_START}\n{reasoning}\n{model.THINK_END}{separator}{answer}"
 
 
-def _answer_text(body, stream):
+def _answer_text(body, stream, config):
     response_format = body.get("response_format") or {}
+    if response_format.get("type") == "json_object" and config.broken == "json_object":
+        # Guided decoding not applied: braces around prose, which is not JSON.
+        return "{" + stream.sentence(model.ANSWER_TOKENS) + "}"
     if response_format.get("type") == "json_object":
         return json.dumps({"answer": stream.sentence(model.ANSWER_TOKENS)})
     if response_format.get("type") == "json_schema":
@@ -245,16 +325,22 @@ def _tool_call_text(body, stream):
     return model.qwen3_coder_call_text(function["name"], arguments)
 
 
-def cut_output(text, budget, stop):
-    """(text, completion tokens, finish_reason, stop_reason) after stop strings and budget."""
+def cut_output(text, budget, stop, min_tokens=0):
+    """(text, completion tokens, finish_reason, stop_reason) after stop strings and budget.
+
+    vLLM checks stop strings in the newest token's text, and only from the min_tokens-th token
+    on: a stop string ending in an earlier token is never seen.
+    """
     tokens = model.split_tokens(text)
     finish_reason, stop_reason = "stop", None
     if len(tokens) > budget:
         tokens, finish_reason = tokens[:budget], "length"
     text = "".join(tokens)
-    found = [(text.find(stop_string), stop_string)
-             for stop_string in ([stop] if isinstance(stop, str) else stop or [])
-             if stop_string and stop_string in text]
+    unchecked = len("".join(tokens[:max(min_tokens - 1, 0)]))
+    found = [(position, stop_string)
+             for stop_string in ([stop] if isinstance(stop, str) else stop or []) if stop_string
+             for position in [text.find(stop_string, max(unchecked - len(stop_string) + 1, 0))]
+             if position >= 0]
     if found:
         position, stop_reason = min(found)  # the first stop string the model would reach
         text, finish_reason = text[:position], "stop"
@@ -378,8 +464,9 @@ def complete(body, config):
 
 def _generate_choice(index, body, key, budget, config):
     stream = model.TokenStream(key, index)
-    text = raw_output(body, stream, budget, config)
-    choice = Choice(index, *cut_output(text, budget, body.get("stop")))
+    text = sampling.lengthen(raw_output(body, stream, budget, config), body, budget, stream)
+    choice = Choice(index, *cut_output(text, budget, body.get("stop"),
+                                       sampling.min_tokens(body)))
     read_back(choice, body, config)
     return choice
 
@@ -406,9 +493,12 @@ def stream_chunks(completion, body):
         for delta in _content_deltas(choice):
             yield _chunk(completion, choice.index, delta)
         yield _chunk(completion, choice.index, {}, choice.finish_reason, choice.stop_reason)
-    stream_options = body.get("stream_options") or {}
-    if stream_options.get("include_usage"):
-        yield dict(_chunk(completion, 0, {}), choices=[], usage=completion.usage())
+    # StreamOptions.include_usage defaults to true once stream_options is given; vLLM dumps the
+    # usage chunk without its None fields.
+    stream_options = body.get("stream_options")
+    if isinstance(stream_options, dict) and stream_options.get("include_usage", True):
+        usage = {name: value for name, value in completion.usage().items() if value is not None}
+        yield dict(_chunk(completion, 0, {}), choices=[], usage=usage)
 
 
 def _content_deltas(choice):
@@ -429,3 +519,235 @@ def _chunk(completion, index, delta, finish_reason=None, stop_reason=None):
             "created": completion.created, "model": completion.model_name,
             "choices": [{"index": index, "delta": delta, "logprobs": None,
                          "finish_reason": finish_reason, "stop_reason": stop_reason}]}
+
+
+# ---- /v1/completions, /tokenize and /detokenize -------------------------------------------
+#
+# The same simulated model behind vLLM's other generation and tokenizer routes. Token ids come
+# from a simulated tokenizer: each token (simulated_model's rule) gets a stable id below the
+# Qwen vocabulary's size, and the chat template's markers get Qwen's own ids.
+
+VOCAB_SIZE = 151643  # the Qwen tokenizer's ordinary tokens; its special ones follow
+IM_START, IM_END, NEWLINE = 151644, 151645, 198
+SPECIAL_TOKENS = {151643: "<|endoftext|>", IM_START: "<|im_start|>", IM_END: "<|im_end|>"}
+TOKEN_TEXTS = {NEWLINE: "\n"}  # id -> text of every token tokenized here, for /detokenize
+COMPLETION_INTEGER_FIELDS = ("n", "max_tokens", "logprobs", "seed", "min_tokens")
+COMPLETION_DEFAULT_MAX_TOKENS = 16  # CompletionRequest.max_tokens
+
+
+def token_ids(text):
+    ids = []
+    for token in model.split_tokens(text):
+        token_id = int(hashlib.sha256(token.encode()).hexdigest()[:12], 16) % VOCAB_SIZE
+        TOKEN_TEXTS.setdefault(token_id, token)
+        ids.append(token_id)
+    return ids
+
+
+def token_text(token_id):
+    """What the tokenizer decodes an id to; an id it never saw is some word of the vocabulary,
+    and one past the vocabulary is nothing, as Hugging Face's decode skips it."""
+    if token_id in SPECIAL_TOKENS:
+        return SPECIAL_TOKENS[token_id]
+    if token_id in TOKEN_TEXTS:
+        return TOKEN_TEXTS[token_id]
+    return " " + model.VOCABULARY[token_id % len(model.VOCABULARY)] if token_id < VOCAB_SIZE else ""
+
+
+def chat_token_ids(body):
+    """The messages as prompt_token_count lays them out: <|im_start|>, the role, a newline, the
+    text, <|im_end|> and a newline per message, the tools, then the generation prompt."""
+    ids = []
+    for message in body["messages"]:
+        ids += [IM_START] + token_ids(str(message["role"]))[:1] + [NEWLINE]
+        ids += token_ids(_message_text(message)) + [IM_END, NEWLINE]
+        if message.get("tool_calls"):
+            ids += token_ids(json.dumps(message["tool_calls"]))
+    if body.get("tools"):
+        ids += token_ids(json.dumps(body["tools"]))
+    if body.get("add_generation_prompt", True):
+        ids += [IM_START] + token_ids("assistant") + [NEWLINE]
+    return ids
+
+
+def _check_model(body, config):
+    """OpenAIServing._check_model: a named model must be a served one."""
+    model_name = body.get("model")
+    if model_name and model_name not in config.served_names:
+        raise ApiError(404, f"The model `{model_name}` does not exist.", "NotFoundError")
+
+
+def tokenize(body, config):
+    """/tokenize: a prompt, or messages laid out by the chat template (TokenizeRequest)."""
+    if not isinstance(body, dict) or ("prompt" not in body and "messages" not in body):
+        raise validation_error("TokenizeRequest", "Field required: prompt or messages")
+    if "messages" in body:
+        if not isinstance(body["messages"], list) or not all(
+                isinstance(message, dict) and "role" in message for message in body["messages"]):
+            raise validation_error("TokenizeChatRequest", "messages: Input should be a valid "
+                                   "list of messages with a role")
+        if body.get("continue_final_message") and body.get("add_generation_prompt"):
+            raise validation_error("TokenizeChatRequest", "Value error, Cannot set both "
+                                   "`continue_final_message` and `add_generation_prompt` to "
+                                   "True.")
+    elif not isinstance(body["prompt"], str):
+        raise validation_error("TokenizeCompletionRequest", "prompt: Input should be a valid "
+                               "string")
+    _check_model(body, config)
+    ids = chat_token_ids(body) if "messages" in body else token_ids(body["prompt"])
+    return {"count": len(ids), "max_model_len": config.max_model_len, "tokens": ids,
+            "token_strs": ([token_text(token_id) for token_id in ids]
+                           if body.get("return_token_strs") else None)}
+
+
+def detokenize(body, config):
+    """/detokenize: the text of token ids (DetokenizeRequest)."""
+    tokens = body.get("tokens") if isinstance(body, dict) else None
+    if not isinstance(tokens, list) or not all(
+            isinstance(token, int) and not isinstance(token, bool) for token in tokens):
+        raise validation_error("DetokenizeRequest", "tokens: Input should be a valid list of "
+                               "integers")
+    _check_model(body, config)
+    if any(token < 0 for token in tokens):
+        # The tokenizer's OverflowError, which the route turns into a validation error.
+        raise ApiError(400, "['out of range integral type conversion attempted']",
+                       "Bad Request")
+    return {"prompt": "".join(token_text(token) for token in tokens)}
+
+
+def _prompts(prompt):
+    """CompletionRequest.prompt: a text, a list of texts, token ids or lists of token ids."""
+    def ids(value):
+        return isinstance(value, list) and all(
+            isinstance(item, int) and not isinstance(item, bool) for item in value)
+
+    if isinstance(prompt, str) or ids(prompt):
+        return [prompt]
+    if isinstance(prompt, list) and prompt and all(isinstance(item, str) or ids(item)
+                                                   for item in prompt):
+        return prompt
+    raise validation_error("CompletionRequest", "prompt: Input should be a valid string or "
+                           "list of strings or token ids")
+
+
+def complete_text(body, config):
+    """Run one /v1/completions request to its Completion, or raise ApiError: the protocol's
+    validators, the served-model check, suffix, the context length, SamplingParams, then one
+    choice per prompt and n."""
+    if not isinstance(body, dict):
+        raise validation_error("CompletionRequest", "Input should be a valid dictionary")
+    for name in COMPLETION_INTEGER_FIELDS:
+        value = body.get(name)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
+            raise validation_error("CompletionRequest", f"{name}: Input should be a valid "
+                                   "integer")
+    _check_number_fields(body, "CompletionRequest")
+    if body.get("logprobs") is not None and body["logprobs"] < 0:
+        raise validation_error("CompletionRequest", "Value error, `logprobs` must be a "
+                               "positive value.")
+    if body.get("stream_options") and not body.get("stream"):
+        raise validation_error("CompletionRequest", "Value error, Stream options can only be "
+                               "defined when `stream=True`.")
+    if body.get("prompt") is None and body.get("prompt_embeds") is None:
+        raise validation_error("CompletionRequest", "Value error, At least one of `prompt` or "
+                               "`prompt_embeds` must be set.")
+    prompts = _prompts(body.get("prompt"))
+    _check_model(body, config)
+    if body.get("suffix") is not None:
+        raise bad_request("suffix is not currently supported")
+    requested = body.get("max_tokens", COMPLETION_DEFAULT_MAX_TOKENS)
+    n = body.get("n", 1)
+    if n is None:
+        raise validation_error("CompletionRequest", "n: Input should be a valid integer")
+    lengths = [len(prompt) if isinstance(prompt, list) else len(token_ids(prompt))
+               for prompt in prompts]
+    for tokens in lengths:  # every prompt is checked before any is sampled
+        if tokens >= config.max_model_len:
+            raise bad_request(
+                f"This model's maximum context length is {config.max_model_len} tokens. "
+                f"However, your request has {tokens} input tokens. Please reduce the length "
+                "of the input messages.")
+        if requested is not None and tokens + requested > config.max_model_len:
+            raise bad_request(
+                f"'max_tokens' or 'max_completion_tokens' is too large: {requested}. This "
+                f"model's maximum context length is {config.max_model_len} tokens and your "
+                f"request has {tokens} input tokens ({requested} > {config.max_model_len} - "
+                f"{tokens}).")
+    if n < 1:
+        raise bad_request(f"n must be at least 1, got {n}.")
+    _check_sampling_ranges(body)
+    if requested is not None and requested < 1:
+        raise bad_request(f"max_tokens must be at least 1, got {requested}.")
+    choices = []
+    for prompt, tokens in zip(prompts, lengths):
+        budget = config.max_model_len - tokens if requested is None else requested
+        text = prompt if isinstance(prompt, str) else "".join(map(token_text, prompt))
+        key = model.request_key({"messages": prompt, "seed": body.get("seed"),
+                                 "temperature": body.get("temperature")})
+        for index in range(n):
+            stream = model.TokenStream(key, index)
+            written = sampling.lengthen(stream.sentence(model.ANSWER_TOKENS), body, budget,
+                                        stream)  # ignore_eos, min_tokens
+            choice = Choice(len(choices), *cut_output(written, budget, body.get("stop"),
+                                                      sampling.min_tokens(body)))
+            choice.prompt_text = text
+            choices.append(choice)
+    completion = Completion(body.get("model") or config.served_names[0], sum(lengths), choices)
+    completion.id = f"cmpl-{uuid.uuid4().hex}"
+    return completion
+
+
+def _completion_logprobs(text, count, offset=0):
+    """CompletionLogProbs of a text: per token its logprob and up to `count` alternatives (the
+    sampled token among them); values are fixed stand-ins."""
+    tokens = model.split_tokens(text)
+    offsets = [offset + len("".join(tokens[:position])) for position in range(len(tokens))]
+    logprobs = [-0.01 - position % 3 * 0.001 for position in range(len(tokens))]
+    top = [dict([(token, logprob)] + [(f"{token}#{rank}", logprob - 0.5 * rank)
+                                      for rank in range(1, count)])
+           for token, logprob in zip(tokens, logprobs)]
+    return {"text_offset": offsets, "token_logprobs": logprobs, "tokens": tokens,
+            "top_logprobs": top}
+
+
+def text_response_body(completion, body):
+    """CompletionResponse of vLLM 0.10.1.1."""
+    choices = []
+    for choice in completion.choices:
+        text = (choice.prompt_text if body.get("echo") else "") + choice.content
+        choices.append({"index": choice.index, "text": text,
+                        "logprobs": (_completion_logprobs(text, body["logprobs"])
+                                     if body.get("logprobs") is not None else None),
+                        "finish_reason": choice.finish_reason,
+                        "stop_reason": choice.stop_reason, "prompt_logprobs": None})
+    return {"id": completion.id, "object": "text_completion", "created": completion.created,
+            "model": completion.model_name, "choices": choices, "service_tier": None,
+            "system_fingerprint": None, "usage": completion.usage(),
+            "kv_transfer_params": None}
+
+
+def text_stream_chunks(completion, body):
+    """The CompletionStreamResponse objects of a streamed completion: one per token, the last
+    one of a choice with its finish_reason, then the usage when stream_options asks."""
+    for choice in completion.choices:
+        tokens = model.split_tokens(choice.content) or [""]
+        offset = 0
+        for position, token in enumerate(tokens):
+            last = position == len(tokens) - 1
+            if position == 0 and body.get("echo"):
+                token = choice.prompt_text + token
+            yield {"id": completion.id, "object": "text_completion",
+                   "created": completion.created, "model": completion.model_name,
+                   "choices": [{"index": choice.index, "text": token,
+                                "logprobs": (_completion_logprobs(token, body["logprobs"],
+                                                                  offset)
+                                             if body.get("logprobs") is not None else None),
+                                "finish_reason": choice.finish_reason if last else None,
+                                "stop_reason": choice.stop_reason if last else None}],
+                   "usage": None}
+            offset += len(token)
+    stream_options = body.get("stream_options")
+    if isinstance(stream_options, dict) and stream_options.get("include_usage", True):
+        usage = {name: value for name, value in completion.usage().items() if value is not None}
+        yield {"id": completion.id, "object": "text_completion", "created": completion.created,
+               "model": completion.model_name, "choices": [], "usage": usage}

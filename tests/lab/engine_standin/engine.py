@@ -13,7 +13,7 @@ import sys
 import threading
 import time
 
-from . import chat, cli, startup
+from . import chat, cli, evaluation_solver, speed_model, startup
 from .server import UVICORN_PREFIX, EngineHTTPServer, EngineState
 
 logger = logging.getLogger("vllm.entrypoints.openai.api_server")
@@ -22,7 +22,7 @@ BASE_VERSION = "0.10.1.1"
 RESOLVED_DEFAULTS = {"port": 8000, "tensor_parallel_size": 1, "max_num_seqs": 256}
 DEFAULT_MODEL = "Qwen/Qwen3-0.6B"  # EngineArgs.model's default
 BREAK_KINDS = ("n", "tools", "max_completion_tokens", "tool_content_none", "thinking_tools",
-               "fragmentation")
+               "fragmentation", "json_object")
 
 
 def configure_logging():
@@ -47,6 +47,11 @@ class StandinOptions:
         if self.broken not in (None,) + BREAK_KINDS:
             raise startup.StartupError(
                 f"BIV100_STANDIN_BREAK={self.broken} is none of {', '.join(BREAK_KINDS)}")
+        try:
+            self.rates = speed_model.Rates.from_environ(environ)
+            self.wrong_share = evaluation_solver.wrong_share_from(environ)
+        except ValueError as error:
+            raise startup.StartupError(str(error)) from None
 
 
 def main(argv):
@@ -102,9 +107,13 @@ def build_engine(args, environ, options, vllm_root, version):
         served_names=args.served_model_name or [model_path], max_model_len=max_model_len,
         max_num_seqs=args.max_num_seqs, enable_auto_tools=bool(args.enable_auto_tool_choice),
         tool_parser=args.tool_call_parser, reasoning_parser=args.reasoning_parser,
-        fixes=fixes, broken=options.broken)
+        fixes=fixes, broken=options.broken, wrong_share=options.wrong_share)
+    logger.info("simulated speed: %s per sequence, at most %d sequences at once; evaluation "
+                "answers wrong for a share of %g", options.rates, args.max_num_seqs,
+                options.wrong_share)
     api_keys = [key for key in (args.api_key or [environ.get("VLLM_API_KEY")]) if key]
-    return EngineState(config, model_path, version, api_keys, options.crash_after)
+    return EngineState(config, model_path, version, api_keys, options.crash_after,
+                       options.rates)
 
 
 def installed_version(vllm_root):

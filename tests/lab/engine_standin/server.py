@@ -1,4 +1,9 @@
-"""The HTTP side: vLLM 0.10.1.1's OpenAI routes on the standard library's threaded server."""
+"""The HTTP side: vLLM 0.10.1.1's OpenAI routes on the standard library's threaded server.
+
+Chat answers leave on the speed model's schedule (speed_model.py), and every response carries
+SIMULATED_HEADER, which no real vLLM sends: whoever measures this engine can tell it is the
+stand-in (the bench marks its figures simulated when it sees the header).
+"""
 
 import contextlib
 import json
@@ -9,7 +14,7 @@ import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-from . import chat
+from . import chat, speed_model
 
 logger = logging.getLogger("vllm.entrypoints.openai.api_server")
 # BIV100_STANDIN_BREAK=fragmentation: what a long prompt is, and how long its prefill holds memory.
@@ -18,13 +23,16 @@ PREFILL_SECONDS = 0.5
 
 # uvicorn writes its own lines without the vLLM prefix.
 UVICORN_PREFIX = "INFO:     "
+SIMULATED_HEADER = ("x-biv100-simulated", "engine stand-in")
 
 
 class EngineState:
     """What every request handler shares: the engine's settings and its counters."""
 
-    def __init__(self, config, model_path, version, api_keys, crash_after):
+    def __init__(self, config, model_path, version, api_keys, crash_after, rates=None):
         self.config = config
+        self.rates = rates or speed_model.Rates()
+        self.slots = speed_model.SequenceSlots(config.max_num_seqs)
         self.model_path = model_path
         self.version = version
         self.api_keys = api_keys
@@ -32,11 +40,34 @@ class EngineState:
         self.started = int(time.time())
         self.lock = threading.Lock()
         self.chat_requests = 0
-        self.running = 0
+        self.running = 0  # requests whose sequences run
+        self.waiting = 0  # requests in line for sequence slots
         self.long_prefills = 0  # long prompts being prefilled (BIV100_STANDIN_BREAK=fragmentation)
         self.prompt_tokens = 0
         self.generation_tokens = 0
         self.finished = {}  # finish_reason -> count
+
+    @contextlib.contextmanager
+    def sequences(self, count, arrived):
+        """Run `count` sequences once slots are free, in the order requests asked for them;
+        yields when they started running: on arrival, or when the slots came if they had to
+        be waited for."""
+        with self.lock:
+            self.waiting += 1
+        try:
+            waited = self.slots.acquire(count)
+        finally:
+            with self.lock:
+                self.waiting -= 1
+        start = time.monotonic() if waited else arrived
+        with self.lock:
+            self.running += 1
+        try:
+            yield start
+        finally:
+            with self.lock:
+                self.running -= 1
+            self.slots.release(count)
 
     def record(self, completion):
         with self.lock:
@@ -73,6 +104,9 @@ def metrics_text(state):
             "# HELP vllm:num_requests_running Number of requests currently running on GPU.",
             "# TYPE vllm:num_requests_running gauge",
             f"vllm:num_requests_running{{{label}}} {float(state.running)}",
+            "# HELP vllm:num_requests_waiting Number of requests waiting to be processed.",
+            "# TYPE vllm:num_requests_waiting gauge",
+            f"vllm:num_requests_waiting{{{label}}} {float(state.waiting)}",
             "# HELP vllm:prompt_tokens_total Number of prefill tokens processed.",
             "# TYPE vllm:prompt_tokens_total counter",
             f"vllm:prompt_tokens_total{{{label}}} {float(state.prompt_tokens)}",
@@ -93,6 +127,10 @@ class Handler(BaseHTTPRequestHandler):
     def version_string(self):
         return "uvicorn"
 
+    def send_response(self, code, message=None):
+        super().send_response(code, message)
+        self.send_header(*SIMULATED_HEADER)
+
     @property
     def state(self):
         return self.server.engine_state
@@ -105,7 +143,10 @@ class Handler(BaseHTTPRequestHandler):
         self._dispatch(routes)
 
     def do_POST(self):
-        self._dispatch({"/ping": self._empty_ok, "/v1/chat/completions": self._chat})
+        self._dispatch({"/ping": self._empty_ok, "/v1/chat/completions": self._chat,
+                        "/v1/completions": self._completions,
+                        "/tokenize": lambda: self._answer_json(chat.tokenize),
+                        "/detokenize": lambda: self._answer_json(chat.detokenize)})
 
     def _dispatch(self, routes):
         path = self.path.split("?", 1)[0]
@@ -132,21 +173,55 @@ class Handler(BaseHTTPRequestHandler):
         self._send(200, metrics_text(self.state).encode(), "text/plain; version=0.0.4")
 
     def _chat(self):
+        arrived = time.monotonic()
         try:
             body = json.loads(self._read_body() or b"null")
         except ValueError as error:
             self._json(400, chat.invalid_request(f"JSON decode error: {error}").body())
             return
-        with self.state.lock:
-            self.state.running += 1
-        try:
-            self._answer_chat(body)
-        finally:
-            with self.state.lock:
-                self.state.running -= 1
+        self._answer_chat(body, arrived)
         self._count_chat_request()
 
-    def _answer_chat(self, body):
+    def _read_json(self):
+        """(True, the request's JSON), or (False, None) once a body that is not JSON has had
+        its 400."""
+        try:
+            return True, json.loads(self._read_body() or b"null")
+        except ValueError as error:
+            self._json(400, chat.invalid_request(f"JSON decode error: {error}").body())
+            return False, None
+
+    def _answer_json(self, handle):
+        """/tokenize and /detokenize: a JSON answer computed at once."""
+        readable, body = self._read_json()
+        if not readable:
+            return
+        try:
+            self._json(200, handle(body, self.state.config))
+        except chat.ApiError as error:
+            self._json(error.status, error.body())
+
+    def _completions(self):
+        """/v1/completions; the route turns an unexpected error into a JSON 500."""
+        arrived = time.monotonic()
+        readable, body = self._read_json()
+        if not readable:
+            return
+        try:
+            completion = chat.complete_text(body, self.state.config)
+        except chat.ApiError as error:
+            self._json(error.status, error.body())
+            return
+        except Exception as error:
+            logger.exception("Exception in /v1/completions")
+            self._json(500, {"error": {"message": str(error), "type": "Internal Server Error",
+                                       "param": None, "code": 500}})
+            return
+        self.state.record(completion)
+        self._answer_on_schedule(completion, body, arrived, chat.text_stream_chunks,
+                                 chat.text_response_body)
+
+    def _answer_chat(self, body, arrived):
         try:
             with self._fragmented_prefill(body):
                 completion = chat.complete(body, self.state.config)
@@ -159,10 +234,39 @@ class Handler(BaseHTTPRequestHandler):
             self._send(500, b"Internal Server Error", "text/plain; charset=utf-8")
             return
         self.state.record(completion)
+        self._answer_on_schedule(completion, body, arrived, chat.stream_chunks,
+                                 chat.response_body)
+
+    def _answer_on_schedule(self, completion, body, arrived, stream_chunks, response_body):
+        """Send a computed answer as the speed model lets its tokens out (speed_model.py)."""
+        sequences = speed_model.sequences_of(len(completion.choices),
+                                             self.state.config.max_num_seqs)
         if body.get("stream"):
-            self._stream(chat.stream_chunks(completion, body))
+            # The headers go at once, as Starlette's StreamingResponse sends them; the chunks
+            # wait for their tokens.
+            self._start_stream()
+            with self.state.sequences(sequences, arrived) as start:
+                self._paced_stream(completion, body, start, stream_chunks)
+            self._end_stream()
         else:
-            self._json(200, chat.response_body(completion, body))
+            with self.state.sequences(sequences, arrived) as start:
+                last_token = max(choice.completion_tokens for choice in completion.choices)
+                speed_model.sleep_until(start + self.state.rates.request_seconds(
+                    completion.prompt_tokens, last_token))
+            self._json(200, response_body(completion, body))
+
+    def _paced_stream(self, completion, body, start, stream_chunks):
+        schedule = speed_model.stream_schedule(
+            list(stream_chunks(completion, body)), completion.prompt_tokens,
+            [choice.completion_tokens for choice in completion.choices], self.state.rates)
+        continuous = speed_model.continuous_usage(body)
+        for batch in speed_model.paced(schedule, start):
+            events = []
+            for out, chunk in speed_model.merged(batch):
+                if continuous and out is not None:
+                    chunk = speed_model.with_usage(chunk, completion.prompt_tokens, out)
+                events.append(f"data: {json.dumps(chunk)}\n\n".encode())
+            self._write_chunk(b"".join(events))
 
     @contextlib.contextmanager
     def _fragmented_prefill(self, body):
@@ -216,14 +320,15 @@ class Handler(BaseHTTPRequestHandler):
         self.end_headers()
         self.wfile.write(data)
 
-    def _stream(self, chunks):
-        """Server-sent events in HTTP/1.1 chunked encoding, ending with [DONE]."""
+    # Server-sent events in HTTP/1.1 chunked encoding, ending with [DONE].
+    def _start_stream(self):
         self.send_response(200)
         self.send_header("Content-Type", "text/event-stream; charset=utf-8")
         self.send_header("Transfer-Encoding", "chunked")
         self.end_headers()
-        for chunk in chunks:
-            self._write_chunk(f"data: {json.dumps(chunk)}\n\n".encode())
+        self.wfile.flush()
+
+    def _end_stream(self):
         self._write_chunk(b"data: [DONE]\n\n")
         self.wfile.write(b"0\r\n\r\n")
 

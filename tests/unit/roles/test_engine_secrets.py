@@ -149,14 +149,18 @@ def carriers() -> set[str]:
 
 
 def no_log_options(module: str) -> set[str]:
-    """The options of one of the collection's modules that its argument_spec marks no_log."""
-    tree = ast.parse((REPO / "plugins" / "modules" / f"{module}.py").read_text())
+    """The options of one of the collection's modules that its argument_spec marks no_log, or
+    its action's (an action-only plugin such as engine_quality has no module code)."""
     options = set()
-    for call in ast.walk(tree):
-        if isinstance(call, ast.keyword) and call.arg and isinstance(call.value, ast.Call):
-            if any(keyword.arg == "no_log" and getattr(keyword.value, "value", None) is True
-                   for keyword in call.value.keywords):
-                options.add(call.arg)
+    for folder in ("modules", "action"):
+        source = REPO / "plugins" / folder / f"{module}.py"
+        if not source.exists():
+            continue
+        for call in ast.walk(ast.parse(source.read_text())):
+            if isinstance(call, ast.keyword) and call.arg and isinstance(call.value, ast.Call):
+                if any(keyword.arg == "no_log" and getattr(keyword.value, "value", None) is True
+                       for keyword in call.value.keywords):
+                    options.add(call.arg)
     return options
 
 
@@ -199,7 +203,7 @@ def exposures() -> list[str]:
 
 
 def test_the_key_and_the_variables_made_from_it_are_known():
-    assert carriers() == {KEY, "engine_host_env", "engine_env_file_content", "probe_api_key"}
+    assert carriers() == {KEY, "engine_host_env", "engine_env_file_content", "probe_api_key", "gates_api_key"}
 
 
 def test_every_task_that_carries_the_key_keeps_it_out_of_its_output():

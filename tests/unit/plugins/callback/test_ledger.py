@@ -45,9 +45,73 @@ def test_lines_are_appended_and_the_table_is_made_from_all_of_them(tmp_path):
     rows = (tmp_path / "ledger" / "LEDGER.md").read_text().splitlines()
     assert rows[4].startswith("| time | host | playbook | submission | release | state |")
     assert rows[6] == ("| 2026-11-29T20:00:00Z | h1 | deploy.yml | sub511 | sub511 | good | 2 | "
-                       "12 protected files as recorded (after stage) | 49/49 probes passed |  | "
+                       "12 protected files as recorded (after stage) | 49/49 probes passed |  |  |  |  |  | "
                        "n within max_num_seqs → serving_chat.py (patch) |  |")
     assert "| sub511 → sub510 (1 files) |" in rows[7]
+
+
+# --- the gates' figures ------------------------------------------------------------------------
+
+# What engine_bench and engine_quality return (their figures at the top level, beside msg).
+BENCH_RESULT = {"changed": False, "msg": "score 8412 >= 8000", "score": 8412.4, "input_tps": 2100.0,
+                "output_tps": 9705.3, "total_tps": 11805.3, "request_tps": 2.4,
+                "requests": {"ok": 64, "failed": 0},
+                "ttft_ms": {"mean": 120.0, "p50": 110.0, "p90": 160.0, "p99": 212.34},
+                "tpot_ms": {"mean": 30.0, "p50": 29.0, "p90": 35.0, "p99": 41.0},
+                "itl_ms": {"mean": 30.0, "p50": 29.0, "p90": 35.0, "p99": 41.0},
+                "e2e_ms": {"mean": 8000.0, "p50": 7900.0, "p90": 9000.0, "p99": 9900.0},
+                "weights": {"output": 0.83, "input": 0.17}, "gate": {"score": 8000, "passed": True},
+                "simulated": True, "workload": "random 1024/256"}
+QUALITY_RESULT = {"changed": False, "msg": "0.957 within 4 % of sub168", "score": 0.9568, "cases": 200,
+                  "correct": 191, "baseline": {"release": "sub168", "score": 0.969}, "deviation": -0.0126,
+                  "bound": 0.04, "passed": True, "simulated": True}
+
+
+def test_the_table_shows_score_output_rate_ttft_p99_and_quality_after_the_probes(tmp_path):
+    table = tmp_path / "LEDGER.md"
+    figures = {key: value for key, value in BENCH_RESULT.items() if key not in ("changed", "msg")}
+    quality = {key: value for key, value in QUALITY_RESULT.items() if key not in ("changed", "msg")}
+    write_table(table, [
+        {**GOOD, "bench": figures, "quality": quality},
+        {**GOOD, "bench": {**figures, "simulated": False}, "quality": {**quality, "simulated": False}},
+        # The first release is its own quality baseline: a score, no deviation.
+        {**GOOD, "quality": {**quality, "baseline": None, "deviation": None}},
+        ROLLED_BACK])
+
+    header, _rule, *rows = table.read_text().splitlines()[4:]
+    columns = [cell.strip() for cell in header.strip("|").split("|")]
+    assert columns[8:13] == ["probes", "score", "output tok/s", "TTFT p99", "quality"]
+    cells = [[cell.strip() for cell in row.strip("|").split("|")] for row in rows]
+    assert [row[9:13] for row in cells] == [
+        ["8412 (sim)", "9705.3 (sim)", "212.3 ms (sim)", "0.957, -1.3 % (sim)"],
+        ["8412", "9705.3", "212.3 ms", "0.957, -1.3 %"],
+        ["", "", "", "0.957 (sim)"],
+        ["", "", "", ""]]
+    assert all(len(row) == len(columns) for row in cells)
+
+
+def test_the_bench_and_quality_results_are_recorded_with_the_contracts_keys(ledger):
+    ledger.v2_runner_on_ok(task_result("h1", "Stage the payload", "biv100.serving.serving_overlay",
+                                       {"release": "sub511", "payload_digest": "ab12", "changed_files": []}))
+    ledger.v2_runner_on_ok(task_result("h1", "Benchmark the engine", "biv100.serving.engine_bench", BENCH_RESULT))
+    ledger.v2_runner_on_ok(task_result("h1", "Score the quality set", "biv100.serving.engine_quality",
+                                       QUALITY_RESULT))
+    # A bench that misses the gate fails its task and still holds its figures.
+    missed = {**BENCH_RESULT, "score": 6120.0, "gate": {"score": 8000, "passed": False}, "failed": True,
+              "msg": "score 6120 < 8000"}
+    ledger.v2_runner_on_failed(task_result("h2", "Benchmark the engine", "biv100.serving.engine_bench", missed))
+    # One that failed before it measured anything records no figures.
+    ledger.v2_runner_on_failed(task_result("h3", "Benchmark the engine", "biv100.serving.engine_bench",
+                                           {"failed": True, "msg": "engine not answering"}))
+    ledger.v2_runner_on_ok(task_result("h3", "Guard the model layer", "biv100.serving.model_guard", {"msg": "ok"}))
+
+    first, second, third = ledger.end("h1", "h2", "h3")
+
+    assert first["bench"] == {key: value for key, value in BENCH_RESULT.items() if key not in ("changed", "msg")}
+    assert first["quality"] == {key: value for key, value in QUALITY_RESULT.items() if key not in ("changed", "msg")}
+    assert second["bench"]["gate"] == {"score": 8000, "passed": False} and "failed" not in second["bench"]
+    assert second["failure"] == "Benchmark the engine: score 6120 < 8000"
+    assert "bench" not in third and "quality" not in third
 
 
 def test_the_end_of_run_line_says_release_state_rollback_and_failure():
@@ -55,6 +119,19 @@ def test_the_end_of_run_line_says_release_state_rollback_and_failure():
     assert outcome_line(ROLLED_BACK) == ("sub510 rolled back; rolled back from sub511; 49/49 probes "
                                          "passed; failed at Probe the engine: 1 of 49 probes failed")
     assert outcome_line(None) == "untouched"
+
+
+def test_the_end_of_run_line_gives_the_gates_headline_figures():
+    measured = {**GOOD, "bench": {"score": 9912.4, "output_tps": 1650.2, "gate": {"score": 8000, "passed": True},
+                                  "simulated": True},
+                "quality": {"score": 0.9756, "deviation": -0.0244, "baseline": {"release": "sub168", "score": 1.0},
+                            "simulated": True}}
+    assert outcome_line(measured) == (
+        "sub511 good; 49/49 probes passed; score 9912 >= 8000 (output 1650 tok/s) [simulated]; "
+        "quality 0.976 (-2.4 % vs sub168) [simulated]")
+    slow = {**GOOD, "bench": {"score": 6120, "output_tps": 5400, "gate": {"score": 8000, "passed": False}},
+            "quality": {"score": 1.0, "deviation": None, "baseline": None}}
+    assert outcome_line(slow) == "sub511 good; 49/49 probes passed; score 6120 < 8000 (output 5400 tok/s); quality 1.000"
 
 
 # --- one line per host, whatever the failure says ----------------------------------------------

@@ -107,3 +107,60 @@ def test_a_release_file_reached_through_a_link_is_drift_even_with_the_same_conte
         f"{DROPPED}: entrypoints/openai is a symlink to ../elsewhere",
         f"{SERVING_CHAT}: entrypoints/openai is a symlink to ../elsewhere",
     ]
+
+
+GATES = {"bench": {"score": 8437.1, "simulated": True}, "quality": {"score": 0.969, "passed": True}}
+
+
+def good_predecessor(store, release="sub509", gates=None):
+    """An earlier release, marked good with `gates`, that sub510's record names as previous."""
+    folder = store["state"] / "releases" / release
+    folder.mkdir(parents=True)
+    (folder / "release.json").write_text(json.dumps({
+        "id": release, "status": "good", "digests": {}, "gates": gates,
+        "history": [{"status": "good", "at": "2026-11-28T00:00:00Z", "reason": ""}]}))
+    record = json.loads(store["record"].read_text())
+    record["previous"] = release
+    store["record"].write_text(json.dumps(record))
+
+
+def test_the_gates_figures_are_recorded_with_the_verdict_and_the_first_quality_score_becomes_the_baseline(
+        release, store):
+    before = release().result
+    assert (before["gates"], before["last_good"], before["quality_baseline"]) == (None, None, None)
+
+    marked = release(status="good", gates=GATES).result
+    again = release(status="good", gates=GATES).result
+
+    assert marked["changed"] and not again["changed"]
+    assert json.loads(store["record"].read_text())["gates"] == GATES
+    assert marked["quality_baseline"] == {"release": "sub510", "score": 0.969}
+    assert json.loads((store["state"] / "baseline" / "quality.json").read_text()) == {
+        "release": "sub510", "score": 0.969}
+
+
+def test_a_later_good_release_does_not_move_the_baseline(release, store):
+    baseline = store["state"] / "baseline" / "quality.json"
+    baseline.parent.mkdir()
+    baseline.write_text(json.dumps({"release": "sub168", "score": 0.9}))
+
+    marked = release(status="good", gates=GATES).result
+
+    assert marked["quality_baseline"] == {"release": "sub168", "score": 0.9}
+    assert json.loads(baseline.read_text()) == {"release": "sub168", "score": 0.9}
+
+
+def test_the_last_good_release_before_this_one_is_reported_with_its_figures(release, store):
+    good_predecessor(store, gates=GATES)
+
+    read = release().result
+
+    assert not read["changed"] and read["last_good"] == {"release": "sub509", "gates": GATES}
+
+
+def test_a_named_quality_baseline_is_that_releases_own_score_or_a_clear_error(release, store):
+    good_predecessor(store, gates=GATES)
+    assert release(quality_baseline="sub509").result["quality_baseline"] == {"release": "sub509", "score": 0.969}
+
+    missing = release(quality_baseline="sub100")
+    assert missing.failed and "quality_baseline sub100" in missing.result["msg"]

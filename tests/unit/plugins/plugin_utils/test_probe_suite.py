@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import json
 import textwrap
 
+import jmespath
 import pytest
 
 from ansible_collections.biv100.serving.plugins.plugin_utils import _probe_suite
@@ -125,3 +127,132 @@ def test_folders_tags_and_skips_select_probes(tmp_path):
     assert [probe.name for probe in select(probes, [], ["a"])] == ["b"]
     with pytest.raises(SuiteError, match="probe_skip names no probe: c"):
         select(probes, [], ["c"])
+
+
+# ---- the expectation functions ------------------------------------------------------------
+
+def judged(tmp_path, expectations, answer, request_body=None):
+    """The verdict of a probe with these expectations on this answer."""
+    body = request_body or {"messages": [{"role": "user", "content": "Hi"}]}
+    text = ("- name: p\n  tags: [t]\n  guards: g\n  request:\n    method: POST\n"
+            "    path: /v1/chat/completions\n    body: " + json.dumps(body) + "\n  expect:\n"
+            + "".join(f"    - {json.dumps(expectation)}\n" for expectation in expectations))
+    (probe,) = load_suites([suite(tmp_path, text)])
+    return judge(with_values(probe, dict(VALUES, answer_schema={
+        "type": "object", "required": ["answer"]})), answer)
+
+
+def content(text):
+    return {"status": 200, "body": {"choices": [{"message": {"content": text}}]}}
+
+
+@pytest.mark.parametrize("expression, expected", [
+    ("from_json(c)", {"a": [1, None]}),
+    ("from_json(bad)", None),
+    ("from_json(nan)", None),
+    ("from_json(padded)", {"a": [1, None]}),
+    ("from_json(missing)", None),
+    ("json_valid(c)", True),
+    ("json_valid(null_text)", True),
+    ("json_valid(bad)", False),
+    ("json_valid(nan)", False),
+    ("json_valid(missing)", False),
+    ("type(from_json(c)) == 'object'", True),
+    ("schema_errors(from_json(c), `{\"required\": [\"b\"]}`)", ["#: required property 'b' is missing"]),
+    ("schema_ok(from_json(c), `{\"properties\": {\"a\": {\"type\": \"array\"}}}`)", True),
+    ("schema_ok(from_json(c), `{\"properties\": {\"a\": {\"items\": {\"type\": \"integer\"}}}}`)", False),
+    ("schema_ok(`1`, `true`)", True),
+    ("regex_match(c, '\"a\"')", True),
+    ("regex_match(c, '^\"a\"')", False),
+    ("regex_fullmatch(id, 'chatcmpl-[0-9a-f]+')", True),
+    ("regex_fullmatch(id, 'chatcmpl')", False),
+    ("map(&json_valid(@), list)", [True, False]),
+])
+def test_the_functions_jmespath_lacks(expression, expected):
+    data = {"c": '{"a": [1, null]}', "padded": ' {"a": [1, null]}\n', "bad": "{not json}",
+            "nan": "NaN", "null_text": "null", "id": "chatcmpl-0f3a", "list": ["[]", "["]}
+    assert jmespath.search(expression, data, options=_probe_suite._options()) == expected
+
+
+def test_a_json_object_expectation_fails_on_an_answer_that_only_looks_like_one(tmp_path):
+    expectations = ["json_valid(body.choices[0].message.content)",
+                    "type(from_json(body.choices[0].message.content)) == 'object'"]
+
+    assert judged(tmp_path, expectations, content('{"answer": 42}')).passed
+    assert judged(tmp_path, expectations, content("{not json}")).failed_expectation == \
+        expectations[0]
+    assert judged(tmp_path, expectations, content("[1, 2]")).failed_expectation == \
+        expectations[1]
+    assert not judged(tmp_path, expectations, content("```json\n{}\n```")).passed
+
+
+def test_a_schema_comes_from_the_request_a_value_or_a_literal(tmp_path):
+    request_body = {"messages": [], "response_format": {"type": "json_schema", "json_schema": {
+        "name": "n", "schema": {"type": "object", "properties": {"n": {"type": "integer"}},
+                                "required": ["n"]}}}}
+    from_request = ["schema_ok(from_json(body.choices[0].message.content), "
+                    "request.body.response_format.json_schema.schema)"]
+    from_value = ["schema_ok(from_json(body.choices[0].message.content), ${answer_schema})"]
+    literal = ['schema_ok(from_json(body.choices[0].message.content), '
+               '`{"type": "object", "required": ["answer"]}`)']
+
+    assert judged(tmp_path, from_request, content('{"n": 3}'), request_body).passed
+    assert not judged(tmp_path, from_request, content('{"n": 3.5}'), request_body).passed
+    assert not judged(tmp_path, from_request, content('{"m": 3}'), request_body).passed
+    for expectations in (from_value, literal):
+        assert judged(tmp_path, expectations, content('{"answer": 1}')).passed
+        assert not judged(tmp_path, expectations, content('{"other": 1}')).passed
+
+
+def test_every_tool_call_is_checked_against_the_tools_parameters(tmp_path):
+    request_body = {"messages": [], "tools": [{"type": "function", "function": {
+        "name": "get_weather", "parameters": {"type": "object", "required": ["city"],
+                                              "properties": {"city": {"type": "string"}}}}}]}
+    expectations = ["schema_ok(map(&from_json(@), body.choices[0].message.tool_calls[*]"
+                    ".function.arguments), {type: 'array', minItems: `1`, "
+                    "items: request.body.tools[0].function.parameters})"]
+
+    def calls(*arguments):
+        return {"status": 200, "body": {"choices": [{"message": {"tool_calls": [
+            {"function": {"name": "get_weather", "arguments": text}} for text in arguments]}}]}}
+
+    assert judged(tmp_path, expectations, calls('{"city": "Paris"}', '{"city": "Oslo"}'),
+                  request_body).passed
+    for wrong in (calls('{"city": "Paris"}', '{"town": "Oslo"}'), calls('{"city": 1}'),
+                  calls("{city: Paris}"), calls()):
+        assert not judged(tmp_path, expectations, wrong, request_body).passed
+
+
+def test_a_schema_that_cannot_be_applied_fails_the_expectation_naming_why(tmp_path):
+    expectations = ['schema_ok(from_json(body.choices[0].message.content), '
+                    '`{"$ref": "#/$defs/missing"}`)']
+    verdict = judged(tmp_path, expectations, content("{}"))
+
+    assert not verdict.passed
+    assert "does not resolve" in verdict.failed_expectation
+
+
+def test_a_missing_schema_fails_instead_of_passing(tmp_path):
+    # A typo in the path to the request's schema gives null, which is no schema at all.
+    verdict = judged(tmp_path, ["schema_ok(from_json(body.choices[0].message.content), "
+                                "request.body.no_such_schema)"], content("{}"))
+    assert not verdict.passed and "invalid type" in verdict.failed_expectation
+
+
+@pytest.mark.parametrize("expectation, message", [
+    ("from_jsn(body)", r"calls from_jsn\(\), which is neither one of jmespath's functions"),
+    ("regex_match(body.id)", r"calls regex_match\(\) with 1 arguments, 2 expected"),
+    ("schema_ok(body, `{}`, `{}`)", r"calls schema_ok\(\) with 3 arguments, 2 expected"),
+    ("regex_fullmatch(body.id, '(chatcmpl')", r"'\(chatcmpl' is not a regular expression"),
+])
+def test_a_misused_function_fails_the_suite_when_it_is_loaded(tmp_path, expectation, message):
+    text = ("- {name: a, guards: g, request: {path: /health}, expect: [" + json.dumps(expectation)
+            + "]}\n")
+    with pytest.raises(SuiteError, match=message):
+        load_suites([suite(tmp_path, text)])
+
+
+def test_expectations_see_the_request_as_filled_in(tmp_path):
+    verdict = judged(tmp_path, ["request.body.model == ${served_model_name}",
+                                "request.path == '/v1/chat/completions'"], content(""))
+    assert verdict.passed

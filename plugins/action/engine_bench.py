@@ -1,0 +1,380 @@
+# Copyright: biv100.serving maintainers
+# GNU General Public License v3.0+ (see LICENSES/GPL-3.0-or-later.txt or https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+"""Controller half of biv100.serving.engine_bench: the throughput gate.
+
+The workload is expanded into request bodies here (a bad workload fails before anything is
+sent), the host half runs asynchronously - the action sets the task's async itself, as
+ActionBase._execute_module(wrap_async=True) expects - and until it ends, every poll_seconds
+one cheap command reads its progress file and the async job's file, and a progress line is
+shown. The finished job's result comes back through ansible.legacy.async_status, which then
+removes the job file. The gate's verdict is data: the task fails only when the module failed
+or more than max_failed_fraction of the measured requests did.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import posixpath
+import shlex
+import time
+
+from ansible.errors import AnsibleActionFail
+from ansible.plugins.action import ActionBase
+from ansible.utils.display import Display
+
+from ansible_collections.biv100.serving.plugins.module_utils._bench_figures import DEFAULT_WEIGHTS
+from ansible_collections.biv100.serving.plugins.module_utils._state_store import utc_timestamp
+from ansible_collections.biv100.serving.plugins.plugin_utils._bench_workload import (
+    WorkloadError,
+    expand,
+    load_workload,
+    workload_path,
+)
+
+display = Display()
+
+MODULE = "biv100.serving.engine_bench"
+ASYNC_STATUS = "ansible.legacy.async_status"
+PROGRESS_NAME = "engine_bench-progress.json"
+JOB_MARK = "--- biv100 engine_bench job ---"
+FIRST_POLL_SECONDS = 1.0
+# Seconds the async job may run beyond its requests' timeouts before async_wrapper kills it.
+ASYNC_SLACK = 120
+# Figures of a results file that the deltas compare: (name, where in the figures).
+DELTA_FIGURES = (
+    ("score", ("score",)),
+    ("output_tps", ("output_tps",)),
+    ("input_tps", ("input_tps",)),
+    ("ttft_p99_ms", ("ttft_ms", "p99")),
+    ("tpot_p99_ms", ("tpot_ms", "p99")),
+)
+# What the results file holds of the module's result.
+FIGURE_KEYS = ("requests", "input_tokens", "output_tokens", "duration_s", "request_tps", "input_tps",
+               "output_tps", "total_tps", "ttft_ms", "tpot_ms", "itl_ms", "e2e_ms", "weights", "score")
+# A registered task result's own keys, left out of the quality verdict recorded.
+TASK_RESULT_KEYS = ("changed", "failed", "skipped", "invocation", "warnings", "deprecations", "exception")
+MODULE_OPTIONS = ("url", "api_key", "served_model_name", "requests", "warmup", "concurrency",
+                  "duration_seconds", "timeout", "progress_file", "weights")
+
+
+def argument_spec() -> dict:
+    """What plugins/modules/engine_bench.py documents (and its argument_spec holds); a unit test
+    checks the two agree. Made anew for each run: validation fills the defaults of suboptions
+    into the default dicts themselves."""
+    return dict(
+        url=dict(type="str", default="http://127.0.0.1:8000"),
+        api_key=dict(type="str", no_log=True),
+        served_model_name=dict(type="str", required=True),
+        workload=dict(type="str"),
+        datasets=dict(type="dict", default={}),
+        requests=dict(type="list", elements="dict"),
+        warmup=dict(type="int", default=0),
+        concurrency=dict(type="int"),
+        max_num_seqs=dict(type="int"),
+        duration_seconds=dict(type="float"),
+        timeout=dict(type="float", default=600),
+        # A path on the host: expanded there, not on the controller.
+        progress_file=dict(type="str"),
+        weights=dict(type="dict", default={}, options=dict(
+            output=dict(type="float", default=DEFAULT_WEIGHTS["output"]),
+            input=dict(type="float", default=DEFAULT_WEIGHTS["input"]),
+        )),
+        gate=dict(type="float", default=8000),
+        max_failed_fraction=dict(type="float", default=0.05),
+        release=dict(type="str"),
+        results_dir=dict(type="path"),
+        compare_with=dict(type="dict", options=dict(
+            release=dict(type="str", required=True),
+            figures=dict(type="dict", required=True),
+        )),
+        poll_seconds=dict(type="float", default=5),
+        quality=dict(type="dict"),
+    )
+
+
+class ActionModule(ActionBase):
+    TRANSFERS_FILES = False
+    _supports_check_mode = True
+
+    def run(self, tmp=None, task_vars=None):
+        result = super().run(tmp, task_vars)
+        task_vars = task_vars or {}
+        _validation, args = self.validate_argument_spec(
+            argument_spec=argument_spec(),
+            required_one_of=[("workload", "requests")],
+            mutually_exclusive=[("workload", "requests")],
+        )
+        host = task_vars.get("inventory_hostname", "?")
+        if args["poll_seconds"] <= 0:
+            raise AnsibleActionFail("poll_seconds must be above 0")
+        if not 0 <= args["max_failed_fraction"] <= 1:
+            raise AnsibleActionFail("max_failed_fraction must be between 0 and 1")
+        release = args["release"]
+        if release is not None and (not release or "/" in release or release.startswith(".")):
+            # It names a folder of the results: a path in it would write elsewhere.
+            raise AnsibleActionFail(f"release must be a plain name such as sub510, got {release!r}")
+
+        module_args = {key: args[key] for key in MODULE_OPTIONS if args.get(key) is not None}
+        workload = None
+        if args["workload"]:
+            given = sorted({"warmup", "duration_seconds"} & set(self._task.args))
+            if given:
+                raise AnsibleActionFail(f"{', '.join(given)}: a workload says its own; set it in the workload file")
+            try:
+                workload = load_workload(workload_path(args["workload"], self._loader.path_dwim), args["datasets"])
+                concurrency = args["concurrency"] or workload.concurrency or args["max_num_seqs"]
+                if concurrency:
+                    module_args["requests"] = expand(workload, args["served_model_name"], concurrency,
+                                                     args["datasets"], self._loader.path_dwim)
+            except WorkloadError as error:
+                raise AnsibleActionFail(str(error)) from None
+            module_args.update(warmup=workload.warmup)
+            if workload.duration_seconds:
+                module_args["duration_seconds"] = workload.duration_seconds
+        else:
+            concurrency = args["concurrency"] or args["max_num_seqs"]
+        if not concurrency or concurrency < 1:
+            raise AnsibleActionFail("concurrency: give concurrency or max_num_seqs (the engine's), or set it in "
+                                    "the workload")
+        module_args["concurrency"] = concurrency
+
+        started_at = utc_timestamp()
+        answer = self._run_async(module_args, task_vars, host, args["poll_seconds"])
+        self._remove_tmp_path(self._connection._shell.tmpdir)
+        if answer.get("failed"):
+            answer["msg"] = f"{answer.get('msg', 'the benchmark failed')}{_mark(answer.get('simulated'))}"
+            answer["changed"] = False  # wrap_async marks every start changed; a bench changes nothing
+            return answer
+
+        verdict = judge(answer, args, workload, host)
+        verdict["started"], verdict["finished"] = started_at, utc_timestamp()
+        result.update({key: answer[key] for key in ("concurrency", "warmup", "failures", "progress_error")
+                       if key in answer})
+        result.update({key: value for key, value in verdict.items() if key not in ("host", "started", "finished")})
+        result["changed"] = False
+        result["results_file"] = None
+        if args["release"] and not self._task.check_mode:
+            folder = args["results_dir"] or os.path.join(self._loader.get_basedir(), "build", "bench")
+            path = os.path.join(self._loader.path_dwim(folder), args["release"], f"{host}.json")
+            write_results(path, results_document(verdict, answer, args))
+            result["results_file"] = path
+        return result
+
+    def _run_async(self, module_args: dict, task_vars: dict, host: str, poll_seconds: float) -> dict:
+        """The module's result, run as an async job whose progress is shown while it runs."""
+        shell = self._connection._shell
+        if shell.tmpdir is None:
+            # Made now rather than by _execute_module, so that the progress file can live in it:
+            # async_wrapper removes the folder, and the file with it, when the job ends.
+            self._make_tmp_path()
+        module_args.setdefault("progress_file", shell.join_path(shell.tmpdir, PROGRESS_NAME))
+        limit = async_limit(module_args)
+        saved = self._task.async_val
+        self._task.async_val = limit
+        try:
+            started = self._execute_module(MODULE, module_args=module_args, task_vars=task_vars, wrap_async=True)
+        finally:
+            self._task.async_val = saved
+        if started.get("failed") or "ansible_job_id" not in started:
+            # A failed start, or a connection that ran the module to its end in one go.
+            return started
+        jid, job_file = started["ansible_job_id"], started.get("results_file")
+        deadline = time.monotonic() + limit + ASYNC_SLACK
+        progress = None
+        # The first look comes soon, so that a short run (the lab's takes seconds) is not kept
+        # waiting a whole poll; then one every poll_seconds.
+        wait = min(poll_seconds, FIRST_POLL_SECONDS)
+        while True:
+            time.sleep(wait)
+            wait = poll_seconds
+            progress, finished = self._peek(module_args["progress_file"], job_file, progress)
+            if finished:
+                break
+            display.display(progress_line(host, progress, module_args))
+            if time.monotonic() > deadline:
+                raise AnsibleActionFail(f"{host}: the benchmark job {jid} did not end within {limit + ASYNC_SLACK} s")
+        async_dir = posixpath.dirname(job_file) if job_file else self._remote_expand_user(
+            self.get_shell_option("async_dir", default="~/.ansible_async"))
+        status = {"jid": jid, "_async_dir": async_dir}
+        answer = self._execute_module(ASYNC_STATUS, module_args=dict(status, mode="status"), task_vars=task_vars)
+        self._execute_module(ASYNC_STATUS, module_args=dict(status, mode="cleanup"), task_vars=task_vars)
+        for key in ("ansible_job_id", "started", "finished", "results_file", "invocation", "stdout", "stderr",
+                    "stdout_lines", "stderr_lines"):
+            answer.pop(key, None)
+        return answer
+
+    def _peek(self, progress_file: str, job_file: str | None, last: dict | None) -> tuple[dict | None, bool]:
+        """(the progress, whether the job ended) from one command on the host: both files read."""
+        command = f"cat -- {shlex.quote(progress_file)} 2>/dev/null; printf '\\n%s\\n' {shlex.quote(JOB_MARK)}"
+        if job_file:
+            command += f"; cat -- {shlex.quote(job_file)} 2>/dev/null"
+        output = self._low_level_execute_command(command, sudoable=True).get("stdout", "")
+        progress_text, _mark_found, job_text = output.partition(JOB_MARK)
+        try:
+            progress = json.loads(progress_text) if progress_text.strip() else last
+        except ValueError:
+            progress = last
+        return progress, job_ended(job_text)
+
+
+def job_ended(text: str) -> bool:
+    """async_status's reading of a job file: ended once it holds a result without `started`
+    (the module's, or async_wrapper's timeout), or one marked finished."""
+    try:
+        job = json.loads(text)
+    except ValueError:
+        return False
+    return isinstance(job, dict) and ("started" not in job or bool(job.get("finished")))
+
+
+def async_limit(module_args: dict) -> int:
+    """Seconds async_wrapper lets the job run: every wave of requests may take the timeout."""
+    concurrency = module_args["concurrency"]
+    timeout = module_args.get("timeout", 600)
+    warmup = module_args.get("warmup", 0)
+    measured = len(module_args["requests"]) - warmup
+    waves = math.ceil(warmup / concurrency)
+    if module_args.get("duration_seconds"):
+        seconds = module_args["duration_seconds"] + timeout
+    else:
+        seconds = math.ceil(measured / concurrency) * timeout
+    return int(math.ceil(waves * timeout + seconds)) + ASYNC_SLACK
+
+
+def _mark(simulated) -> str:
+    return " [simulated]" if simulated else ""
+
+
+def progress_line(host: str, progress: dict | None, module_args: dict) -> str:
+    """One line of the run so far, e.g. `gpu1: bench 12/24 requests, 3.1 s, output 2310 tok/s,
+    input 9800 tok/s [simulated]`."""
+    if not progress:
+        return f"{host}: bench starting"
+    mark = _mark(progress.get("simulated"))
+    if progress.get("phase") == "warmup":
+        warm = progress.get("warmup") or {}
+        return f"{host}: bench warm-up {warm.get('done', 0)}/{warm.get('total', 0)} requests, " \
+               f"{progress.get('elapsed_s', 0):.1f} s{mark}"
+    requests = progress.get("requests") or {}
+    done = requests.get("done", 0)
+    if requests.get("total"):
+        count = f"{done}/{requests['total']} requests"
+        elapsed = f"{progress.get('elapsed_s', 0):.1f} s"
+    else:
+        count = f"{done} requests"
+        elapsed = f"{progress.get('elapsed_s', 0):.1f}/{progress.get('duration_seconds') or 0:.0f} s"
+    failed = f" ({requests['failed']} failed)" if requests.get("failed") else ""
+    return (f"{host}: bench {count}{failed}, {elapsed}, output {progress.get('output_tps', 0):.0f} tok/s, "
+            f"input {progress.get('input_tps', 0):.0f} tok/s{mark}")
+
+
+def figure(figures: dict, path: tuple[str, ...]):
+    value = figures
+    for key in path:
+        if not isinstance(value, dict):
+            return None
+        value = value.get(key)
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
+
+def deltas(figures: dict, compare_with: dict) -> dict:
+    """For each compared figure, before (the other release's), after, change and percent."""
+    before_figures = compare_with.get("figures") or {}
+    found = {"release": compare_with.get("release")}
+    for name, path in DELTA_FIGURES:
+        before, after = figure(before_figures, path), figure(figures, path)
+        if before is None or after is None:
+            found[name] = None
+            continue
+        found[name] = {"before": before, "after": after, "change": round(after - before, 3),
+                       "percent": round((after - before) / before * 100, 2) if before else None}
+    return found
+
+
+def _signed(delta: dict | None, unit: str, digits: int) -> str:
+    if not delta:
+        return "n/a"
+    text = f"{delta['change']:+.{digits}f}{unit}"
+    return text + (f" ({delta['percent']:+.1f}%)" if delta["percent"] is not None else "")
+
+
+def delta_text(found: dict) -> str:
+    return (f"against {found['release']}: score {_signed(found['score'], '', 0)}, "
+            f"output {_signed(found['output_tps'], ' tok/s', 0)}, input {_signed(found['input_tps'], ' tok/s', 0)}, "
+            f"TTFT p99 {_signed(found['ttft_p99_ms'], ' ms', 1)}, TPOT p99 {_signed(found['tpot_p99_ms'], ' ms', 1)}")
+
+
+def judge(answer: dict, args: dict, workload, host: str) -> dict:
+    """The figures with the gate's verdict, the deltas and the message; failed only for failed
+    requests beyond the allowed fraction."""
+    figures = {key: answer[key] for key in FIGURE_KEYS}
+    gate = float(args["gate"])
+    passed = figures["score"] >= gate
+    verdict = dict(figures, gate={"score": gate, "passed": passed}, simulated=bool(answer.get("simulated")),
+                   host=host, release=args["release"], workload=workload.summary() if workload else None)
+    if passed:
+        msg = (f"score {figures['score']:.0f} >= {gate:.0f} (output {figures['output_tps']:.0f} tok/s, "
+               f"input {figures['input_tps']:.0f} tok/s)")
+    else:
+        msg = (f"score {figures['score']:.0f} < {gate:.0f}: output {figures['output_tps']:.0f} tok/s, "
+               f"input {figures['input_tps']:.0f} tok/s")
+    if args["compare_with"]:
+        verdict["deltas"] = deltas(figures, args["compare_with"])
+        msg += "; " + delta_text(verdict["deltas"])
+    ok, failed = figures["requests"]["ok"], figures["requests"]["failed"]
+    allowed = args["max_failed_fraction"]
+    if not ok or failed / (ok + failed) > allowed:
+        first = next((item["error"] for item in answer.get("failures") or [] if not item.get("warmup")), None)
+        msg = (f"{failed} of {ok + failed} measured requests failed (at most {allowed:.0%} may), first: {first}; "
+               + msg)
+        verdict["failed"] = True
+    verdict["msg"] = msg + _mark(verdict["simulated"])
+    return verdict
+
+
+def results_document(verdict: dict, answer: dict, args: dict) -> dict:
+    """The results file: the figures, the verdict, and what they were measured with."""
+    document = {key: verdict[key] for key in (*FIGURE_KEYS, "gate", "simulated", "host", "release", "workload",
+                                              "started", "finished")}
+    document.update(
+        deltas=verdict.get("deltas"),
+        url=args["url"],
+        served_model_name=args["served_model_name"],
+        concurrency=answer.get("concurrency"),
+        failures=answer.get("failures") or [],
+        # The quality gate's verdict when the task is given it; else null, for the quality gate
+        # to fill in.
+        quality=quality_record(args.get("quality")),
+    )
+    return document
+
+
+def quality_record(quality: dict | None) -> dict | None:
+    """The quality gate's registered result without the keys of Ansible's task result."""
+    if not quality:
+        return None
+    return {key: value for key, value in quality.items()
+            if key not in TASK_RESULT_KEYS and not key.startswith("_ansible")}
+
+
+def write_results(path: str, document: dict) -> None:
+    """Written whole or not at all; without a quality verdict of its own, one already recorded
+    for this release and host is kept, since the quality gate may have written it first."""
+    try:
+        with open(path, encoding="utf-8") as stream:
+            earlier = json.load(stream)
+        if document["quality"] is None and isinstance(earlier, dict) and earlier.get("quality") is not None:
+            document["quality"] = earlier["quality"]
+    except (OSError, ValueError):
+        pass
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    staged = os.path.join(os.path.dirname(path), f".{os.path.basename(path)}.{os.getpid()}")
+    with open(staged, "w", encoding="utf-8") as stream:
+        json.dump(document, stream, indent=1, sort_keys=True)
+        stream.write("\n")
+        stream.flush()
+        os.fsync(stream.fileno())
+    os.replace(staged, path)

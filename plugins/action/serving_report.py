@@ -1,0 +1,139 @@
+# Copyright: biv100.serving maintainers
+# GNU General Public License v3.0+ (see LICENSES/GPL-3.0-or-later.txt or https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+"""biv100.serving.serving_report: draw a fleet's deployment ledger on the controller.
+
+Reads <ledger dir>/ledger.jsonl, where the ledger callback writes it, and renders the PNG plots
+and index.html of plugins/plugin_utils/_report.py into build/report/<fleet>/ at the project
+root. Nothing runs on a host and no connection is opened. A file whose bytes would not change is
+not written, so a second run with the same ledger reports changed=false; check mode writes
+nothing and says what would change.
+
+The ledger folder is the one the callback would use in this run, found with the callback's own
+pieces rather than a copy of them: the task's ledger_dir, else the variable serving_ledger_dir
+(which wins over the rest for the callback too), else the callback's own ledger_dir option
+(BIV100_LEDGER_DIR, ansible.cfg's [biv100_ledger] dir, resolved by ansible-core from the
+callback's documentation), else the callback's ledger_home() of the project root and inventory.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from ansible import constants as C
+from ansible import context
+from ansible.errors import AnsibleActionFail
+from ansible.plugins.action import ActionBase
+from ansible.plugins.loader import callback_loader
+
+from ansible_collections.biv100.serving.plugins.callback.ledger import (
+    LEDGER_FILE,
+    LEDGER_VARIABLE,
+    ledger_home,
+    project_root,
+)
+from ansible_collections.biv100.serving.plugins.module_utils._state_store import atomic_write
+from ansible_collections.biv100.serving.plugins.plugin_utils._report import (
+    INDEX,
+    PLOTS,
+    ReportError,
+    load_ledger,
+    render,
+    rows,
+)
+
+LEDGER_CALLBACK = "biv100.serving.ledger"
+# build/report/<fleet> at the project root, beside the probes' results and computility-run.yaml.
+REPORT_FOLDER = ("build", "report")
+
+ARGUMENT_SPEC = {
+    "ledger_dir": {"type": "path"},
+    "dest": {"type": "path"},
+}
+
+
+def ledger_dir() -> Path:
+    """The folder the ledger callback writes this run's ledger to when no variable names one:
+    BIV100_LEDGER_DIR or ansible.cfg as the callback's option resolves them, else ledger/<fleet>
+    at the project root."""
+    callback = callback_loader.get(LEDGER_CALLBACK)
+    callback.set_options()
+    configured = callback.get_option("ledger_dir")
+    if configured:
+        return Path(configured)
+    return ledger_home(project_root(C.CONFIG_FILE), context.CLIARGS.get("inventory") or ())
+
+
+def report_dir() -> tuple[str, Path]:
+    """The fleet this run's inventory names, and build/report/<fleet> at the project root."""
+    root = project_root(C.CONFIG_FILE)
+    fleet = ledger_home(root, context.CLIARGS.get("inventory") or ()).name
+    return fleet, root.joinpath(*REPORT_FOLDER, fleet)
+
+
+def write_changed(dest: Path, files: dict[str, bytes], check: bool) -> list[str]:
+    """Write each file whose bytes differ from what dest holds (through a temporary file and a
+    rename, so that a reader never sees half a PNG); the names of those that differ."""
+    changed = []
+    for name, data in files.items():
+        path = dest / name
+        if path.is_file() and path.read_bytes() == data:
+            continue
+        changed.append(name)
+        if not check:
+            atomic_write(str(path), data)
+    return changed
+
+
+class ActionModule(ActionBase):
+    TRANSFERS_FILES = False
+    # The ledger and the report are on the controller: no host is contacted.
+    _requires_connection = False
+    _supports_check_mode = True
+
+    def run(self, tmp=None, task_vars=None):
+        _valid, args = self.validate_argument_spec(argument_spec=ARGUMENT_SPEC)
+        result = super().run(tmp, task_vars)
+        task_vars = task_vars or {}
+
+        named = args["ledger_dir"]
+        if named is None and task_vars.get(LEDGER_VARIABLE) not in (None, ""):
+            # As the ledger callback reads it: the variable as this host sees it, templated.
+            named = str(self._templar.template(task_vars[LEDGER_VARIABLE]))
+            named = os.path.expanduser(os.path.expandvars(named))
+        directory = (Path(named) if named else ledger_dir()).absolute()
+        fleet, default_dest = report_dir()
+        dest = Path(args["dest"]).absolute() if args["dest"] else default_dest
+
+        ledger = directory / LEDGER_FILE
+        if not ledger.is_file():
+            raise AnsibleActionFail(
+                f"no deployment ledger at {ledger}: a deploy of this fleet writes it; name another "
+                f"folder with -e {LEDGER_VARIABLE}=<folder> (or BIV100_LEDGER_DIR)")
+        try:
+            lines = load_ledger(ledger)
+            files = render(lines, fleet)
+        except ReportError as error:
+            raise AnsibleActionFail(str(error)) from None
+        table = rows(lines)
+        try:
+            changed = write_changed(dest, files, bool(self._task.check_mode))
+        except OSError as error:
+            raise AnsibleActionFail(f"the report could not be written to {dest}: {error}") from None
+
+        releases = list(dict.fromkeys(row.release for row in table))
+        hosts = list(dict.fromkeys(row.host for row in table))
+        result.update(
+            changed=bool(changed),
+            ledger=str(ledger),
+            dest=str(dest),
+            index=str(dest / INDEX),
+            plots=[str(dest / name) for name in PLOTS],
+            files_changed=changed,
+            releases=releases,
+            hosts=hosts,
+            msg=(f"{len(releases)} releases on {len(hosts)} hosts from {len(lines)} lines of {ledger}: "
+                 f"{dest / INDEX}"),
+        )
+        return result

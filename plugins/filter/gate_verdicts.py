@@ -1,0 +1,62 @@
+# Copyright: biv100.serving maintainers
+# GNU General Public License v3.0+ (see LICENSES/GPL-3.0-or-later.txt or https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+"""gate_verdicts: whether a release clears each of the competition's gates, one verdict each."""
+
+from __future__ import annotations
+
+GATES = ("functional", "quality", "throughput")
+
+
+def gate_verdicts(gates: dict, probes: dict | None = None, bench: dict | None = None,
+                  quality: dict | None = None) -> list[dict]:
+    """One verdict per gate that `gates` names, in GATES order: {gate, passed, summary}.
+
+    passed is None when the gate applies but was not measured (its task was skipped, as with
+    `--skip-tags bench`): a gate not measured neither passes nor fails a release.
+    """
+    unknown = sorted(set(gates) - set(GATES))
+    if unknown:
+        raise ValueError(f"serving_gates names no such gate: {', '.join(unknown)} (known: {', '.join(GATES)})")
+    judges = {"functional": lambda bounds: _functional(bounds, probes),
+              "quality": lambda bounds: _measured(quality),
+              "throughput": lambda bounds: _measured(bench)}
+    return [dict(gate=name, **judges[name](gates[name] or {})) for name in GATES if name in gates]
+
+
+def _ran(result: dict | None) -> bool:
+    return bool(result) and not result.get("skipped")
+
+
+def _functional(bounds: dict, probes: dict | None) -> dict:
+    if not _ran(probes) or "probes" not in probes:
+        return {"passed": None, "summary": "not probed"}
+    verdicts = probes["probes"]
+    passed = sum(1 for verdict in verdicts if verdict.get("passed"))
+    needed = int(bounds.get("min_probes", 50))
+    if passed < len(verdicts):
+        return {"passed": False, "summary": probes.get("summary", f"{passed}/{len(verdicts)} probes passed")}
+    if passed < needed:
+        return {"passed": False, "summary": f"{passed} probes passed, fewer than the {needed} the gate needs"}
+    return {"passed": True, "summary": f"{passed}/{len(verdicts)} probes passed (at least {needed})"}
+
+
+def _measured(result: dict | None) -> dict:
+    """The verdict the bench and the quality actions reached themselves, against the bounds the
+    playbook gave them."""
+    if not _ran(result):
+        return {"passed": None, "summary": "not measured"}
+    if result.get("failed"):
+        return {"passed": False, "summary": str(result.get("msg", "failed"))}
+    passed = result["gate"]["passed"] if "gate" in result else result.get("passed")
+    return {"passed": bool(passed), "summary": str(result.get("msg", ""))}
+
+
+def gate_failures(verdicts: list[dict]) -> list[str]:
+    """`<gate> gate: <summary>` for each gate a release missed."""
+    return [f"{verdict['gate']} gate: {verdict['summary']}" for verdict in verdicts if verdict["passed"] is False]
+
+
+class FilterModule:
+    def filters(self):
+        return {"gate_verdicts": gate_verdicts, "gate_failures": gate_failures}

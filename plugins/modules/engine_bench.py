@@ -1,0 +1,818 @@
+#!/usr/bin/python
+# -*- coding: utf-8 -*-
+# Copyright: biv100.serving maintainers
+# GNU General Public License v3.0+ (see LICENSES/GPL-3.0-or-later.txt or https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+---
+module: engine_bench
+short_description: Measure the engine's serving throughput from the host, as vLLM's own benchmark does
+version_added: 0.2.0
+description:
+  - Sends chat completion requests to the engine at O(url) from the host itself (over loopback,
+    so the engine's port need not be reachable from the controller and the network does not
+    count), O(concurrency) at a time, and returns the throughput and latency figures as vLLM's
+    C(vllm bench serve) defines them - TTFT, ITL (the gaps between successive token chunks),
+    TPOT (latency less TTFT over the output tokens but one), end-to-end latency, their mean,
+    p50, p90 and p99, and the tokens per second over the measured wall time - with the
+    weighted score C(weights.output * output_tps + weights.input * input_tps).
+  - Token counts are the server's own (C(usage.prompt_tokens), C(usage.completion_tokens) of the
+    final usage chunk a stream sends when asked with C(stream_options.include_usage)), never
+    counted on the client; a request whose answer carries no usage counts as failed.
+  - The first O(warmup) requests are sent before the measurement starts and are left out of
+    every figure and of the duration.
+  - 'The action of the same name makes the requests on the controller from O(workload) (a
+    workload file; the format is described in C(plugins/plugin_utils/_bench_workload.py)) or
+    takes O(requests) as given, runs the host half as an asynchronous job of its own and, until
+    it ends, reads the host''s O(progress_file) every O(poll_seconds) and shows a line of it
+    (C(lab-h1: bench 12/24 requests, 3.1 s, output 2310 tok/s, input 9800 tok/s)), judges the
+    score against O(gate), and with O(release) writes the figures to
+    C(<results_dir>/<release>/<inventory_hostname>.json).'
+  - The task fails when more than O(max_failed_fraction) of the measured requests failed or
+    the host half failed - not when the score misses the gate, which is returned as data
+    (RV(gate.passed)) for the playbook to decide on.
+  - Only C(http://) URLs are measured (the engine's local address).
+  - Every figure measured against the lab's engine stand-in, which marks its answers with the
+    C(x-biv100-simulated) header, is marked RV(simulated), and every message says so.
+author:
+  - biv100.serving maintainers (!UNKNOWN)
+options:
+  served_model_name:
+    description:
+      - The model name the engine serves; it is the C(model) of every request that has none.
+    type: str
+    required: true
+  workload:
+    description:
+      - The workload - a file of C(files/bench/) of this collection named without its C(.yml)
+        (C(default), C(competition)), or the path of a workload file on the controller (a
+        relative path is found beside the playbook).
+      - Give either O(workload) or O(requests).
+      - Read by the action.
+    type: str
+  datasets:
+    description:
+      - 'The datasets workload files may name (C({dataset: <name>})), as C(name: path) of JSON
+        Lines files on the controller (a relative path is found beside the playbook); each line
+        has C(prompt), a text, and may have C(output_tokens).'
+      - Read only with O(workload).
+    type: dict
+    default: {}
+  requests:
+    description:
+      - The requests, as chat completion request bodies, each sent as a C(POST) to
+        C(/v1/chat/completions); a body without C(model) gets O(served_model_name).
+      - A body with C(stream) true is read as server-sent events and should ask for the usage
+        chunk (C(stream_options.include_usage)); a body without is timed as one chunk, so its
+        TTFT is its latency and it has no ITL.
+      - The action makes them from O(workload); give them only to measure requests of your own.
+      - Give either O(requests) or O(workload).
+    type: list
+    elements: dict
+  warmup:
+    description:
+      - How many of the leading O(requests) warm the engine up; they are sent first, and the
+        measurement starts when they have all ended.
+      - Read only with O(requests) (a workload says its own).
+    type: int
+    default: 0
+  concurrency:
+    description:
+      - How many requests are in flight at once.
+      - Default the workload's C(concurrency), else O(max_num_seqs); one of the three is
+        required.
+    type: int
+  max_num_seqs:
+    description:
+      - The engine's C(max_num_seqs), the O(concurrency) when neither the task nor the workload
+        sets one - as many requests as the engine schedules at once.
+    type: int
+  duration_seconds:
+    description:
+      - Stop sending new requests this many seconds after the measurement started; the
+        requests in flight are waited for.
+      - Then the measured requests are sent again and again until the time is up, each pass
+        after the first with its first message marked by the pass number, so that no two
+        requests share a prompt the engine could have cached.
+      - Read only with O(requests) (a workload says its own).
+    type: float
+  timeout:
+    description: Seconds one request may take, from sending to its last event.
+    type: float
+    default: 600
+  progress_file:
+    description:
+      - A file on the host that the module rewrites about every second, by renaming a whole new
+        file over it, with the requests done and failed, the seconds elapsed, the output and
+        input tokens so far and the running tokens per second.
+      - The action sets it in the task's remote temporary folder, which is removed with the job.
+    type: path
+  weights:
+    description: The weights of the score.
+    type: dict
+    default: {}
+    suboptions:
+      output:
+        description: The weight of the output tokens per second.
+        type: float
+        default: 0.83
+      input:
+        description: The weight of the input tokens per second.
+        type: float
+        default: 0.17
+  gate:
+    description:
+      - The score a release must reach; RV(gate.passed) says whether it did.
+      - Missing it does not fail the task.
+      - Read by the action.
+    type: float
+    default: 8000
+  max_failed_fraction:
+    description:
+      - The task fails when more than this fraction of the measured requests failed (or none
+        succeeded).
+      - Read by the action.
+    type: float
+    default: 0.05
+  release:
+    description:
+      - The release measured, which names the results file; without it no file is written.
+      - Read by the action.
+    type: str
+  results_dir:
+    description:
+      - The folder on the controller of the results files, C(<results_dir>/<release>/<inventory_hostname>.json),
+        each written whole or not at all; a relative path is found beside the playbook.
+      - Default C(build/bench) beside the playbook.
+      - Read by the action.
+    type: path
+  compare_with:
+    description:
+      - The figures of the host's last good release; the result then has RV(deltas) and the
+        message states them.
+      - Read by the action.
+    type: dict
+    suboptions:
+      release:
+        description: The release the figures are of.
+        type: str
+        required: true
+      figures:
+        description:
+          - Its figures, as a results file of this action holds them (C(score), C(output_tps),
+            C(input_tps), C(ttft_ms.p99), C(tpot_ms.p99)); a figure missing has a null delta.
+        type: dict
+        required: true
+  poll_seconds:
+    description:
+      - How often the action reads the host's progress and shows a line of it (the first time
+        after at most a second).
+      - Read by the action.
+    type: float
+    default: 5
+  quality:
+    description:
+      - The quality gate's verdict for this release and host (the registered result of
+        M(biv100.serving.engine_quality)), recorded as the results file's C(quality) without the
+        keys of a task result (C(changed), C(invocation), ...).
+      - Without it the file's C(quality) is null - or the verdict the file already holds, which
+        the quality gate may have written.
+      - Read by the action.
+    type: dict
+extends_documentation_fragment:
+  - biv100.serving.posix_host
+  - ansible.builtin.action_common_attributes
+  - ansible.builtin.action_common_attributes.flow
+  - biv100.serving.engine_endpoint
+attributes:
+  action:
+    support: full
+    details:
+      - The action of the same name makes the requests from the workload, runs the host half,
+        shows its progress, judges the gate and writes the results file.
+  async:
+    support: none
+    details:
+      - The action runs the host half asynchronously itself, to show its progress while it
+        runs; the task's own C(async) is refused.
+  bypass_host_loop:
+    support: none
+  check_mode:
+    support: full
+    details:
+      - The requests change nothing but the engine's caches, so they are sent in check mode
+        too; the action writes no results file then.
+  diff_mode:
+    support: none
+notes:
+  - Synthetic prompts are sized in the lab stand-in's tokens; the figures use the server's
+    counts, so a real tokenizer's different count changes the prompt lengths, not the
+    arithmetic.
+  - Every synthetic request asks for C(ignore_eos), vLLM's extension that makes the engine
+    generate exactly C(max_tokens) tokens, as vLLM's benchmark does for synthetic data.
+seealso:
+  - module: biv100.serving.engine_probe
+  - module: biv100.serving.engine_quality
+  - module: biv100.serving.engine_health
+"""
+
+EXAMPLES = r"""
+- name: Measure the engine with the lab's short workload and judge the gate
+  biv100.serving.engine_bench:
+    workload: default
+    served_model_name: qwen3_5
+    max_num_seqs: 2
+    url: http://127.0.0.1:8000
+    api_key: "{{ engine_api_key }}"
+    release: sub510
+  register: bench
+
+- name: The competition's mix, against the last good release's figures
+  biv100.serving.engine_bench:
+    workload: competition
+    datasets:
+      longbench: "{{ playbook_dir }}/datasets/longbench.jsonl"
+    served_model_name: qwen3_5
+    max_num_seqs: 2
+    release: sub511
+    compare_with:
+      release: sub510
+      figures: "{{ lookup('file', playbook_dir ~ '/build/bench/sub510/' ~ inventory_hostname ~ '.json') | from_json }}"
+
+- name: Time requests of your own, four at a time for a minute
+  biv100.serving.engine_bench:
+    served_model_name: qwen3_5
+    concurrency: 4
+    duration_seconds: 60
+    requests:
+      - messages: [{role: user, content: Write a haiku about GPUs.}]
+        max_tokens: 64
+        stream: true
+        stream_options: {include_usage: true}
+"""
+
+RETURN = r"""
+msg:
+  description:
+    - What was measured, and with the action the gate's verdict and the deltas; C([simulated])
+      when the figures are the stand-in's.
+  returned: always
+  type: str
+  sample: score 8437 >= 8000 (output 5900 tok/s, input 20100 tok/s) [simulated]
+simulated:
+  description: Whether any answer carried the C(x-biv100-simulated) header of the lab's stand-in.
+  returned: always
+  type: bool
+requests:
+  description: The measured requests that succeeded and failed (warm-up left out).
+  returned: always
+  type: dict
+  contains:
+    ok:
+      description: Requests answered in full, with the usage.
+      type: int
+    failed:
+      description: Requests that failed (an error status, an error event, no token, no usage, a timeout).
+      type: int
+input_tokens:
+  description: The successful measured requests' C(usage.prompt_tokens), summed.
+  returned: always
+  type: int
+output_tokens:
+  description: The successful measured requests' C(usage.completion_tokens), summed.
+  returned: always
+  type: int
+duration_s:
+  description: The measured wall time, from the first measured request's start to the last one's end.
+  returned: always
+  type: float
+request_tps:
+  description: Successful requests per second.
+  returned: always
+  type: float
+input_tps:
+  description: Input tokens per second.
+  returned: always
+  type: float
+output_tps:
+  description: Output tokens per second.
+  returned: always
+  type: float
+total_tps:
+  description: Input and output tokens per second.
+  returned: always
+  type: float
+ttft_ms:
+  description: Time to the first token chunk, in milliseconds - C(mean), C(p50), C(p90), C(p99).
+  returned: always
+  type: dict
+  sample: {mean: 210.4, p50: 198.2, p90: 260.1, p99: 301.7}
+tpot_ms:
+  description: Time per output token after the first (requests of more than one), as RV(ttft_ms).
+  returned: always
+  type: dict
+itl_ms:
+  description: Gaps between successive token chunks, as RV(ttft_ms).
+  returned: always
+  type: dict
+e2e_ms:
+  description: Whole request latency, as RV(ttft_ms).
+  returned: always
+  type: dict
+weights:
+  description: The weights of the score.
+  returned: always
+  type: dict
+  sample: {output: 0.83, input: 0.17}
+score:
+  description: C(weights.output * output_tps + weights.input * input_tps).
+  returned: always
+  type: float
+concurrency:
+  description: The requests in flight at once.
+  returned: always
+  type: int
+warmup:
+  description: The warm-up requests that succeeded and failed.
+  returned: always
+  type: dict
+failures:
+  description:
+    - The first 10 failed requests, the measured ones first, each C(index) (in O(requests)),
+      C(warmup) and C(error).
+  returned: always
+  type: list
+  elements: dict
+progress_error:
+  description: Why the progress file could not be written; null when it could.
+  returned: always
+  type: str
+gate:
+  description: The gate and the verdict.
+  returned: always
+  type: dict
+  contains:
+    score:
+      description: The score the gate asks for.
+      type: float
+    passed:
+      description: Whether the score reached it.
+      type: bool
+deltas:
+  description:
+    - Against O(compare_with) - for C(score), C(output_tps), C(input_tps), C(ttft_p99_ms),
+      C(tpot_p99_ms), each C(before), C(after), C(change) and C(percent) (null where before
+      is missing or zero); C(release) names the release compared with.
+  returned: with O(compare_with)
+  type: dict
+workload:
+  description:
+    - The workload measured - C(name), C(file), C(seed), C(requests), C(warmup),
+      C(duration_seconds), C(stream); null with O(requests).
+  returned: always
+  type: dict
+release:
+  description: The O(release) measured.
+  returned: always
+  type: str
+results_file:
+  description:
+    - The results file written on the controller; null without O(release) or in check mode.
+    - 'It holds the figures (C(score), C(input_tps), C(output_tps), C(total_tps), C(request_tps),
+      C(requests), C(input_tokens), C(output_tokens), C(duration_s), C(ttft_ms), C(tpot_ms),
+      C(itl_ms), C(e2e_ms), C(weights)), C(gate), C(simulated), C(deltas), C(workload),
+      C(release), C(host), C(url), C(served_model_name), C(concurrency), C(failures),
+      C(started) and C(finished) (UTC), and C(quality) - O(quality), else null for the quality
+      gate to fill in (a value already there is kept).'
+  returned: always
+  type: str
+"""
+
+import json
+import os
+import socket
+import tempfile
+import threading
+import time
+from http.client import HTTPConnection, HTTPException
+from urllib.parse import urlsplit
+
+from ansible.module_utils.basic import AnsibleModule
+from ansible_collections.biv100.serving.plugins.module_utils._bench_figures import (
+    DEFAULT_WEIGHTS,
+    compute,
+    new_record,
+    rounded,
+)
+
+CHAT_PATH = "/v1/chat/completions"
+SIMULATED_HEADER = "x-biv100-simulated"
+# How often the progress file is rewritten; the action reads it every poll_seconds.
+PROGRESS_INTERVAL = 1.0
+KEPT_FAILURES = 10
+EXCERPT_CHARS = 300
+
+
+def connection_for(url, timeout):
+    parts = urlsplit(url)
+    if parts.scheme != "http":
+        raise ValueError("url %s: only http:// is measured (the engine's local address)" % url)
+    return HTTPConnection(parts.hostname, parts.port or 80, timeout=timeout), parts.path.rstrip("/")
+
+
+def error_text(status, data):
+    """The error an answer of another status than 200 carries, in one line."""
+    text = data.decode("utf-8", "replace")
+    try:
+        document = json.loads(text)
+    except ValueError:
+        document = None
+    if isinstance(document, dict):
+        error = document.get("error", document)
+        if isinstance(error, dict):
+            text = str(error.get("message") or error)
+        elif error:
+            text = str(error)
+    return ("HTTP %d: %s" % (status, " ".join(text.split())))[:EXCERPT_CHARS]
+
+
+def for_pass(body, number):
+    """The body as sent on pass `number` of a duration-bound run: from the second pass on, its
+    first message starts with the pass number, so the engine cannot serve its prompt from the
+    prefix cache that the first pass filled."""
+    if number == 0:
+        return body
+    messages = body.get("messages")
+    if not messages or not isinstance(messages[0], dict) or not isinstance(messages[0].get("content"), str):
+        return body
+    first = dict(messages[0], content="(pass %d) %s" % (number, messages[0]["content"]))
+    return dict(body, messages=[first] + list(messages[1:]))
+
+
+class Sender(object):
+    """Sends one request and times what comes back into a record of _bench_figures."""
+
+    def __init__(self, url, api_key, timeout, clock):
+        self.url = url
+        self.api_key = api_key
+        self.timeout = timeout
+        self.clock = clock
+        self.simulated = False
+
+    def send(self, body, record):
+        headers = {"Content-Type": "application/json"}
+        stream = bool(body.get("stream"))
+        headers["Accept"] = "text/event-stream" if stream else "application/json"
+        if self.api_key:
+            headers["Authorization"] = "Bearer %s" % self.api_key
+        payload = json.dumps(body).encode("utf-8")
+        connection = None
+        record["start"] = self.clock()
+        deadline = record["start"] + self.timeout
+        try:
+            connection, prefix = connection_for(self.url, self.timeout)
+            connection.request("POST", prefix + CHAT_PATH, payload, headers)
+            response = connection.getresponse()
+            if response.getheader(SIMULATED_HEADER) is not None:
+                self.simulated = True
+            if response.status != 200:
+                record["error"] = error_text(response.status, response.read())
+            elif stream:
+                self.read_events(response, record, deadline)
+            else:
+                self.read_body(response, record)
+        except socket.timeout:
+            record["error"] = "timed out after %s s" % self.timeout
+        except (OSError, HTTPException, ValueError) as error:
+            record["error"] = (str(error) or type(error).__name__)[:EXCERPT_CHARS]
+        finally:
+            if connection is not None:
+                connection.close()
+        if record["error"] is None:
+            record["error"] = self.missing(record)
+
+    def read_events(self, response, record, deadline):
+        """Server-sent events as vLLM's benchmark reads them: each non-empty `data:` line but
+        [DONE] is an event timed when read; one whose `choices` is not empty is a token chunk."""
+        usage = None
+        for raw in response:
+            now = self.clock()
+            if now > deadline:
+                record["error"] = "timed out after %s s" % self.timeout
+                return
+            line = raw.strip()
+            if not line.startswith(b"data:"):
+                continue  # blank separators, SSE comments (pings), other fields
+            data = line[len(b"data:"):].strip()
+            if data == b"[DONE]":
+                break
+            try:
+                event = json.loads(data.decode("utf-8"))
+            except ValueError:
+                record["error"] = ("an event that is not JSON: %s" % data.decode("utf-8", "replace"))[:EXCERPT_CHARS]
+                return
+            record["last_event"] = now
+            if not isinstance(event, dict):
+                continue
+            if event.get("error"):
+                error = event["error"]
+                message = error.get("message") if isinstance(error, dict) else error
+                record["error"] = ("error event: %s" % message)[:EXCERPT_CHARS]
+                return
+            if event.get("choices"):
+                record["chunks"].append(now)
+            if event.get("usage"):
+                usage = event["usage"]
+        self.take_usage(record, usage)
+
+    def read_body(self, response, record):
+        data = response.read()
+        now = self.clock()
+        document = json.loads(data.decode("utf-8"))
+        record["chunks"].append(now)
+        record["last_event"] = now
+        self.take_usage(record, document.get("usage") if isinstance(document, dict) else None)
+
+    @staticmethod
+    def take_usage(record, usage):
+        if isinstance(usage, dict):
+            record["prompt_tokens"] = usage.get("prompt_tokens")
+            record["completion_tokens"] = usage.get("completion_tokens")
+
+    @staticmethod
+    def missing(record):
+        """Why an answer that came cannot be counted; None when it can."""
+        if not record["chunks"]:
+            return "no token chunk in the answer"
+        if not isinstance(record["prompt_tokens"], int) or not isinstance(record["completion_tokens"], int):
+            return ("no usage in the answer: the server's prompt and completion token counts are "
+                    "needed (a stream must ask for them with stream_options.include_usage)")
+        return None
+
+
+class Progress(object):
+    """The run so far, rewritten to the progress file about every PROGRESS_INTERVAL seconds."""
+
+    def __init__(self, path, warmup, planned, duration_seconds, clock):
+        self.path = path
+        self.clock = clock
+        self.lock = threading.Lock()
+        self.phase = "warmup" if warmup else "measuring"
+        self.started = clock()
+        self.measure_started = None if warmup else self.started
+        self.warmup = {"done": 0, "failed": 0, "total": warmup}
+        self.requests = {"done": 0, "ok": 0, "failed": 0, "total": planned}
+        self.duration_seconds = duration_seconds
+        self.tokens = {"input": 0, "output": 0}
+        self.simulated = False
+        self.error = None
+        self.stopped = threading.Event()
+        self.thread = None
+
+    def start(self):
+        if not self.path:
+            return
+        self.write()
+        self.thread = threading.Thread(target=self.loop)
+        self.thread.daemon = True
+        self.thread.start()
+
+    def loop(self):
+        while not self.stopped.wait(PROGRESS_INTERVAL):
+            self.write()
+
+    def measuring(self, started):
+        with self.lock:
+            self.phase = "measuring"
+            self.measure_started = started
+
+    def count(self, record, simulated):
+        with self.lock:
+            self.simulated = self.simulated or simulated
+            counter = self.warmup if record["warmup"] else self.requests
+            counter["done"] += 1
+            if record["error"] is not None:
+                counter["failed"] += 1
+                return
+            if not record["warmup"]:
+                counter["ok"] += 1
+                self.tokens["input"] += record["prompt_tokens"]
+                self.tokens["output"] += record["completion_tokens"]
+
+    def finish(self):
+        self.stopped.set()
+        if self.thread is not None:
+            self.thread.join()
+        with self.lock:
+            self.phase = "done"
+        if self.path:
+            self.write()
+
+    def document(self):
+        with self.lock:
+            now = self.clock()
+            since = self.measure_started if self.measure_started is not None else self.started
+            elapsed = max(now - since, 0.0)
+
+            def rate(amount):
+                return round(amount / elapsed, 1) if elapsed > 0 and self.measure_started is not None else 0.0
+
+            return {
+                "phase": self.phase,
+                "warmup": dict(self.warmup),
+                "requests": dict(self.requests),
+                "duration_seconds": self.duration_seconds,
+                "elapsed_s": round(elapsed, 2),
+                "input_tokens": self.tokens["input"],
+                "output_tokens": self.tokens["output"],
+                "input_tps": rate(self.tokens["input"]),
+                "output_tps": rate(self.tokens["output"]),
+                "simulated": self.simulated,
+                "updated": time.time(),
+            }
+
+    def write(self):
+        """A whole new file renamed over the old one, so that a reader never sees a part."""
+        data = json.dumps(self.document()).encode("utf-8")
+        directory = os.path.dirname(self.path) or "."
+        staged = None
+        try:
+            fd, staged = tempfile.mkstemp(prefix="." + os.path.basename(self.path) + ".", dir=directory)
+            with os.fdopen(fd, "wb") as stream:
+                stream.write(data)
+            os.chmod(staged, 0o644)
+            os.replace(staged, self.path)
+            staged = None
+        except OSError as error:
+            # The progress is for people watching; the measurement goes on without it.
+            self.error = self.error or "%s: %s" % (self.path, error)
+        finally:
+            if staged is not None and os.path.exists(staged):
+                os.unlink(staged)
+
+
+class Jobs(object):
+    """The requests of one phase, handed to the workers one at a time: each once, or with a
+    deadline pass after pass until it comes."""
+
+    def __init__(self, bodies, warmup, deadline, repeat, clock):
+        self.bodies = bodies
+        self.warmup = warmup
+        self.deadline = deadline
+        self.repeat = repeat
+        self.clock = clock
+        self.lock = threading.Lock()
+        self.sent = 0
+
+    def next(self):
+        with self.lock:
+            if self.deadline is not None and self.clock() >= self.deadline:
+                return None
+            number, index = divmod(self.sent, len(self.bodies))
+            if number and not self.repeat:
+                return None
+            self.sent += 1
+            return index, for_pass(self.bodies[index], number)
+
+
+def run_phase(jobs, concurrency, sender, progress, records, offset):
+    """Send the phase's requests, `concurrency` at a time, until none is left."""
+
+    def worker():
+        while True:
+            job = jobs.next()
+            if job is None:
+                return
+            index, body = job
+            record = new_record(jobs.warmup)
+            record["index"] = offset + index
+            sender.send(body, record)
+            records.append(record)
+            progress.count(record, sender.simulated)
+
+    workers = min(concurrency, len(jobs.bodies)) if not jobs.repeat else concurrency
+    threads = [threading.Thread(target=worker) for _slot in range(workers)]
+    for thread in threads:
+        thread.daemon = True
+        thread.start()
+    for thread in threads:
+        thread.join()
+
+
+def run_bench(params, clock=time.perf_counter):
+    """The measurement: warm-up, then the measured requests; the module's result."""
+    model = params["served_model_name"]
+    bodies = [body if body.get("model") else dict(body, model=model) for body in params["requests"]]
+    warmup = params["warmup"] or 0
+    concurrency = params["concurrency"]
+    duration = params.get("duration_seconds")
+    measured = bodies[warmup:]
+    sender = Sender(params["url"], params.get("api_key"), params["timeout"], clock)
+    progress = Progress(params.get("progress_file"), warmup, None if duration else len(measured), duration, clock)
+    records = []
+    progress.start()
+    try:
+        if warmup:
+            run_phase(Jobs(bodies[:warmup], True, None, False, clock), concurrency, sender, progress, records, 0)
+        started = clock()
+        progress.measuring(started)
+        deadline = started + duration if duration else None
+        run_phase(Jobs(measured, False, deadline, bool(duration), clock), concurrency, sender, progress,
+                  records, warmup)
+        ended = clock()
+    finally:
+        progress.finish()
+    figures = rounded(compute(records, ended - started, params.get("weights")))
+    warm = [record for record in records if record["warmup"]]
+    failed = [record for record in records if record["error"] is not None]
+    # The measured requests' failures first: they are the ones the verdict counts.
+    failed.sort(key=lambda record: (record["warmup"], record["start"]))
+    result = dict(
+        figures,
+        changed=False,
+        simulated=sender.simulated,
+        concurrency=concurrency,
+        warmup={"ok": sum(1 for record in warm if record["error"] is None),
+                "failed": sum(1 for record in warm if record["error"] is not None)},
+        failures=[{"index": record["index"], "warmup": record["warmup"], "error": record["error"]}
+                  for record in failed[:KEPT_FAILURES]],
+        progress_error=progress.error,
+    )
+    result["msg"] = "%d of %d requests ok in %.1f s: output %.0f tok/s, input %.0f tok/s, score %.0f%s" % (
+        figures["requests"]["ok"], figures["requests"]["ok"] + figures["requests"]["failed"],
+        figures["duration_s"], figures["output_tps"], figures["input_tps"], figures["score"],
+        " [simulated]" if sender.simulated else "")
+    return result
+
+
+def main():
+    module = AnsibleModule(
+        argument_spec=dict(
+            url=dict(type="str", default="http://127.0.0.1:8000"),
+            api_key=dict(type="str", no_log=True),
+            served_model_name=dict(type="str", required=True),
+            requests=dict(type="list", elements="dict"),
+            warmup=dict(type="int", default=0),
+            concurrency=dict(type="int"),
+            max_num_seqs=dict(type="int"),
+            duration_seconds=dict(type="float"),
+            timeout=dict(type="float", default=600),
+            progress_file=dict(type="path"),
+            weights=dict(type="dict", default={}, options=dict(
+                output=dict(type="float", default=DEFAULT_WEIGHTS["output"]),
+                input=dict(type="float", default=DEFAULT_WEIGHTS["input"]),
+            )),
+            # Read by the action of the same name, which sends the module only the requests it
+            # makes of them; here so that the documentation is checked against one spec.
+            workload=dict(type="str"),
+            datasets=dict(type="dict", default={}),
+            gate=dict(type="float", default=8000),
+            max_failed_fraction=dict(type="float", default=0.05),
+            release=dict(type="str"),
+            results_dir=dict(type="path"),
+            compare_with=dict(type="dict", options=dict(
+                release=dict(type="str", required=True),
+                figures=dict(type="dict", required=True),
+            )),
+            poll_seconds=dict(type="float", default=5),
+            quality=dict(type="dict"),
+        ),
+        required_one_of=[("requests", "workload")],
+        mutually_exclusive=[("requests", "workload")],
+        supports_check_mode=True,
+    )
+    params = module.params
+    if params["workload"] is not None:
+        module.fail_json(msg="engine_bench makes the requests of a workload in its action plugin; "
+                             "run it as a task, which sends the host half the requests")
+    params["concurrency"] = params["concurrency"] or params["max_num_seqs"]
+    problems = []
+    if not params["requests"]:
+        problems.append("requests is empty")
+    if not params["concurrency"] or params["concurrency"] < 1:
+        problems.append("concurrency (or max_num_seqs) must be 1 or more")
+    if params["warmup"] < 0 or params["warmup"] >= len(params["requests"] or []):
+        problems.append("warmup (%d) must leave at least one of the %d requests to measure"
+                        % (params["warmup"], len(params["requests"] or [])))
+    if params["duration_seconds"] is not None and params["duration_seconds"] <= 0:
+        problems.append("duration_seconds must be above 0")
+    if params["timeout"] <= 0:
+        problems.append("timeout must be above 0")
+    try:
+        connection_for(params["url"], 1)
+    except ValueError as error:
+        problems.append(str(error))
+    if problems:
+        module.fail_json(msg="; ".join(problems))
+    result = run_bench(params)
+    # The request bodies are the workload's prompts - megabytes for long-context workloads -
+    # and would otherwise travel back in the invocation of every result and the async job file.
+    shown = dict(params, requests="%d request bodies" % len(params["requests"]))
+    module.exit_json(invocation={"module_args": shown}, **result)
+
+
+if __name__ == "__main__":
+    main()

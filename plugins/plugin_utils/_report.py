@@ -1,0 +1,573 @@
+# Copyright: biv100.serving maintainers
+# GNU General Public License v3.0+ (see LICENSES/GPL-3.0-or-later.txt or https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+"""Pictures of every release's figures, drawn from a fleet's deployment ledger. Controller side only.
+
+The ledger holds one JSON line per host per run; a line of a run with the gates carries `bench`
+(the engine_bench action's figures: weighted score, token rates, TTFT/TPOT/ITL/E2E percentiles,
+the throughput gate) and `quality` (the engine_quality action's score, its baseline and
+deviation, the ±bound). From them:
+
+- rows(lines): one row per release and host, releases in the order they first appear in the
+  ledger, each figure taken from the last line of that release and host that has it (a verify
+  run adds lines without figures; they must not blank the deploy's);
+- series(rows): what each plot shows, one point per release and host that has the figure;
+- figures(series): the three matplotlib figures (weighted score with the gate line, TTFT and
+  TPOT p50/p90/p99, quality deviation with the ±bound band);
+- render(lines, fleet): the bytes of the PNG files and of index.html, the same bytes for the same
+  ledger, so that a re-render changes no file and a committed report shows no spurious diff.
+
+A figure measured on the lab's engine stand-in (`simulated: true`) is drawn hollow and named
+"simulated" in the plot's title and legend, and marked "(sim)" in the page's table and in
+LEDGER.md (figure_cells, shared with the ledger callback).
+
+matplotlib is a controller requirement (requirements.txt), not one of ansible-core's: it is
+imported only when figures are drawn, so that the ledger callback, which formats the table's
+cells from here in every run, and ansible-doc load without it.
+"""
+
+from __future__ import annotations
+
+import html
+import io
+import json
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+
+SCORE_PLOT = "score.png"
+LATENCY_PLOT = "latency.png"
+QUALITY_PLOT = "quality.png"
+PLOTS = (SCORE_PLOT, LATENCY_PLOT, QUALITY_PLOT)
+INDEX = "index.html"
+
+# What the gates hold a release to when a line does not say (the bench and quality actions
+# record the values they judged with, which win).
+SCORE_GATE = 8000
+QUALITY_BOUND = 0.04
+WEIGHTS = {"output": 0.83, "input": 0.17}
+PERCENTILES = ("p50", "p90", "p99")
+LATENCIES = (("ttft_ms", "TTFT"), ("tpot_ms", "TPOT"))
+# The gates in the order the gate_verdicts filter reports them.
+GATES = ("functional", "quality", "throughput")
+
+SIM = "(sim)"
+SIMULATED_NOTE = "simulated (lab engine stand-in)"
+
+# Fixed rendering, so that the same ledger gives the same bytes on every run: a set DPI, the
+# font matplotlib ships (not whatever the machine has), a fixed SVG hash salt, and no
+# "Software" chunk naming matplotlib's version in the PNG.
+DPI = 100
+RC = {
+    "figure.dpi": DPI,
+    "savefig.dpi": DPI,
+    "svg.hashsalt": "biv100.serving.report",
+    "font.family": "sans-serif",
+    "font.sans-serif": ["DejaVu Sans"],
+    "axes.grid": True,
+    "grid.alpha": 0.3,
+}
+PNG_METADATA = {"Software": None}
+HOST_MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*", "<", ">", "h", "p")
+PERCENTILE_COLOURS = {"p50": "tab:blue", "p90": "tab:orange", "p99": "tab:red"}
+
+
+class ReportError(ValueError):
+    """A ledger that cannot be drawn, or a controller that cannot draw; the message says which."""
+
+
+# --- the ledger ----------------------------------------------------------------------------------
+
+
+def load_ledger(path: Path) -> list[dict]:
+    """The lines of a ledger.jsonl; a line that is not a JSON object is named by its number."""
+    lines = []
+    for number, text in enumerate(Path(path).read_text(encoding="utf-8").splitlines(), start=1):
+        if not text.strip():
+            continue
+        try:
+            line = json.loads(text)
+        except ValueError as error:
+            raise ReportError(f"{path}, line {number}: not JSON ({error})") from None
+        if not isinstance(line, dict):
+            raise ReportError(f"{path}, line {number}: not a JSON object")
+        lines.append(line)
+    return lines
+
+
+def number(value) -> float | None:
+    """value as a float when it is a number (a bool is not one), else None."""
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return float(value)
+    return None
+
+
+def _figures_of(value) -> dict | None:
+    """A bench or quality record that has its score, else None (an absent or broken one)."""
+    return value if isinstance(value, dict) and number(value.get("score")) is not None else None
+
+
+def measured_release(line: dict) -> str | None:
+    """The release whose figures a ledger line holds.
+
+    A deploy whose gate failed rolls the host back, and its line then names the release the
+    host went back to; its figures were measured on the release it rolled back from."""
+    rollback = line.get("rollback")
+    if isinstance(rollback, dict) and rollback.get("from"):
+        return str(rollback["from"])
+    release = line.get("release")
+    return str(release) if release not in (None, "") else None
+
+
+@dataclass
+class Row:
+    """One release on one host, as the ledger last recorded it."""
+
+    release: str
+    host: str
+    state: str = "pending"
+    bench: dict | None = None
+    quality: dict | None = None
+    probes: str | None = None
+    failed_probes: list = field(default_factory=list)
+
+
+def rows(lines: list[dict]) -> list[Row]:
+    """One row per release and host: releases in order of first appearance in the ledger, hosts
+    likewise within a release; each figure from the last line of the pair that has it."""
+    found: dict[tuple[str, str], Row] = {}
+    releases: list[str] = []
+    for line in lines:
+        release, host = measured_release(line), line.get("host")
+        if release is None or not host:
+            continue  # a run that ended before it staged anything measured no release
+        if release not in releases:
+            releases.append(release)
+        row = found.setdefault((release, str(host)), Row(release, str(host)))
+        went_back = line.get("release") != release
+        row.state = (f"rolled back to {line['rollback'].get('to') or 'base'}" if went_back
+                     else line.get("state") or "pending")
+        if _figures_of(line.get("bench")):
+            row.bench = line["bench"]
+        if _figures_of(line.get("quality")):
+            row.quality = line["quality"]
+        # After a rollback the probes ran again on the release the host went back to: they say
+        # nothing about the one it left.
+        if line.get("probes") and not went_back:
+            row.probes = str(line["probes"])
+            row.failed_probes = list(line.get("failed_probes") or [])
+    order = {release: index for index, release in enumerate(releases)}
+    # dicts keep insertion order, so hosts stay in order of first appearance within a release.
+    return sorted(found.values(), key=lambda row: order[row.release])
+
+
+# --- what each plot shows ------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Point:
+    release: str
+    host: str
+    value: float
+    simulated: bool
+
+
+def series(table: list[Row]) -> dict:
+    """The points of each plot: one per release and host whose row has the figure.
+
+    score: [Point]; latency: {"ttft_ms": {"p50": [Point], ...}, "tpot_ms": {...}};
+    deviation: [Point] (the quality score's deviation from its baseline, a fraction); and what
+    the lines are drawn from: the gate score(s), the ±bound(s), the weights, the baselines."""
+    score, deviation = [], []
+    latency = {key: {percentile: [] for percentile in PERCENTILES} for key, _name in LATENCIES}
+    gates, bounds, baselines, weights = [], [], [], None
+    for row in table:
+        bench, quality = row.bench, row.quality
+        if bench:
+            simulated = bool(bench.get("simulated"))
+            score.append(Point(row.release, row.host, number(bench["score"]), simulated))
+            gate = number(bench["gate"].get("score")) if isinstance(bench.get("gate"), dict) else None
+            _add_once(gates, gate if gate is not None else float(SCORE_GATE))
+            if isinstance(bench.get("weights"), dict):
+                weights = bench["weights"]
+            for key, _name in LATENCIES:
+                figures = bench.get(key) if isinstance(bench.get(key), dict) else {}
+                for percentile in PERCENTILES:
+                    value = number(figures.get(percentile))
+                    if value is not None:
+                        latency[key][percentile].append(Point(row.release, row.host, value, simulated))
+        if quality and number(quality.get("deviation")) is not None:
+            deviation.append(Point(row.release, row.host, number(quality["deviation"]),
+                                   bool(quality.get("simulated"))))
+            bound = number(quality.get("bound"))
+            _add_once(bounds, bound if bound is not None else QUALITY_BOUND)
+            baseline = quality.get("baseline") if isinstance(quality.get("baseline"), dict) else {}
+            if baseline.get("release"):
+                _add_once(baselines, str(baseline["release"]))
+    return {"score": score, "latency": latency, "deviation": deviation, "gates": gates,
+            "bounds": bounds or [QUALITY_BOUND], "baselines": baselines,
+            "weights": weights or WEIGHTS, "releases": list(dict.fromkeys(row.release for row in table))}
+
+
+def _add_once(values: list, value) -> None:
+    if value not in values:
+        values.append(value)
+
+
+# --- the figures ---------------------------------------------------------------------------------
+
+
+def _matplotlib():
+    """matplotlib's Figure, its Agg canvas, and what the legends are made of."""
+    try:
+        import matplotlib
+        import matplotlib.style
+        from matplotlib.backends.backend_agg import FigureCanvasAgg
+        from matplotlib.figure import Figure
+        from matplotlib.lines import Line2D
+        from matplotlib.patches import Patch
+    except ImportError as error:
+        raise ReportError("the report's plots need the matplotlib Python package on the controller "
+                          f"(requirements.txt): {error}") from None
+    return matplotlib, Figure, FigureCanvasAgg, Line2D, Patch
+
+
+@contextmanager
+def drawing():
+    """matplotlib's own defaults (not the machine's matplotlibrc) and the fixed settings, for
+    drawing and saving alike."""
+    matplotlib = _matplotlib()[0]
+    with matplotlib.style.context("default"), matplotlib.rc_context(RC):
+        yield
+
+
+def _categories(plotted: dict, points: list[Point]) -> list[str]:
+    """The releases a plot has points for, in the ledger's order: a release without the
+    figure gets no place on the axis."""
+    present = {point.release for point in points}
+    return [release for release in plotted["releases"] if release in present]
+
+
+def _offsets(hosts: list[str]) -> dict[str, float]:
+    """Each host a little apart on the release's tick, so that equal values stay visible."""
+    step = min(0.08, 0.6 / max(len(hosts), 1))
+    return {host: (index - (len(hosts) - 1) / 2) * step for index, host in enumerate(hosts)}
+
+
+def _simulated_title(title: str, points: list[Point]) -> str:
+    marked = [point for point in points if point.simulated]
+    if not marked:
+        return title
+    if len(marked) == len(points):
+        return f"{title}\n{SIMULATED_NOTE}"
+    return f"{title}\nhollow points {SIMULATED_NOTE}"
+
+
+def _new_figure(Figure, FigureCanvasAgg, releases: list[str], height: float, columns: int = 1):
+    width = min(24.0, max(8.0, 3.0 + 0.6 * len(releases))) * (1.0 if columns == 1 else 1.6)
+    figure = Figure(figsize=(width, height), dpi=DPI)
+    # The non-interactive Agg canvas, without pyplot: no GUI backend and no global figure state.
+    FigureCanvasAgg(figure)
+    return figure
+
+
+def _release_axis(axes, releases: list[str]) -> None:
+    axes.set_xticks(range(len(releases)))
+    axes.set_xticklabels(releases, rotation=30 if len(releases) > 4 else 0,
+                         ha="right" if len(releases) > 4 else "center")
+    axes.set_xlim(-0.5, len(releases) - 0.5)
+    axes.set_xlabel("release (in the order of the ledger)")
+
+
+def _nothing(axes, what: str) -> None:
+    axes.set_axis_off()
+    axes.text(0.5, 0.5, f"no release has {what} in the ledger yet", ha="center", va="center",
+              transform=axes.transAxes)
+
+
+def _scatter(axes, points: list[Point], x_of, y_of, colour, marker, gid: str) -> None:
+    """The points, filled when measured on a BI-V100 engine and hollow when simulated, and a
+    thin line joining them in release order."""
+    xs = [x_of(point) for point in points]
+    ys = [y_of(point) for point in points]
+    axes.plot(xs, ys, color=colour, linewidth=0.8, alpha=0.5, zorder=2)
+    axes.scatter(xs, ys, marker=marker, s=36, zorder=3, gid=gid, edgecolors=colour, linewidths=1.2,
+                 facecolors=["none" if point.simulated else colour for point in points])
+
+
+def _by_host(points: list[Point]) -> dict[str, list[Point]]:
+    hosts: dict[str, list[Point]] = {}
+    for point in points:
+        hosts.setdefault(point.host, []).append(point)
+    return hosts
+
+
+def figures(plotted: dict, hosts: list[str]) -> dict[str, object]:
+    """The three figures, by file name. hosts names every host, so that a host has the same
+    colour and marker in each plot."""
+    matplotlib, Figure, FigureCanvasAgg, Line2D, Patch = _matplotlib()
+    colour_map = matplotlib.colormaps["tab10" if len(hosts) <= 10 else "tab20"]
+    colours = {host: colour_map(index % colour_map.N) for index, host in enumerate(hosts)}
+    markers = {host: HOST_MARKERS[index % len(HOST_MARKERS)] for index, host in enumerate(hosts)}
+    hollow = Line2D([], [], marker="o", linestyle="none", markerfacecolor="none", markeredgecolor="black",
+                    label=f"hollow: {SIMULATED_NOTE}")
+    drawn = {}
+    with drawing():
+        drawn[SCORE_PLOT] = _score_figure(Figure, FigureCanvasAgg, plotted, colours, markers, hollow)
+        drawn[LATENCY_PLOT] = _latency_figure(Figure, FigureCanvasAgg, plotted, markers, hollow, Line2D)
+        drawn[QUALITY_PLOT] = _quality_figure(Figure, FigureCanvasAgg, plotted, colours, markers, hollow, Patch)
+    return drawn
+
+
+def _legend(axes, handles: list) -> None:
+    axes.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize="small",
+                frameon=False)
+
+
+def _score_figure(Figure, FigureCanvasAgg, plotted, colours, markers, hollow):
+    points = plotted["score"]
+    releases = _categories(plotted, points)
+    figure = _new_figure(Figure, FigureCanvasAgg, releases, 4.8)
+    axes = figure.add_subplot()
+    weights = plotted["weights"]
+    title = (f"Weighted score per release and host ({weights.get('output')} × output tok/s + "
+             f"{weights.get('input')} × input tok/s)")
+    axes.set_title(_simulated_title(title, points), fontsize="medium")
+    if not points:
+        _nothing(axes, "a benchmark score")
+        return figure
+    index = {release: position for position, release in enumerate(releases)}
+    offsets = _offsets(list(_by_host(points)))
+    handles = []
+    for host, own in _by_host(points).items():
+        _scatter(axes, own, lambda point: index[point.release] + offsets[point.host], lambda point: point.value,
+                 colours[host], markers[host], f"score:{host}")
+        handles.append(axes.scatter([], [], marker=markers[host], color=colours[host], label=host))
+    for gate in plotted["gates"]:
+        handles.append(axes.axhline(gate, color="tab:red", linestyle="--", linewidth=1.2,
+                                    label=f"gate: score ≥ {gate:g}"))
+    if any(point.simulated for point in points):
+        handles.append(hollow)
+    _release_axis(axes, releases)
+    axes.set_ylabel("weighted score")
+    _legend(axes, handles)
+    return figure
+
+
+def _latency_figure(Figure, FigureCanvasAgg, plotted, markers, hollow, Line2D):
+    every = [point for key, _name in LATENCIES for percentile in PERCENTILES
+             for point in plotted["latency"][key][percentile]]
+    releases = _categories(plotted, every)
+    figure = _new_figure(Figure, FigureCanvasAgg, releases, 4.8, columns=2)
+    figure.suptitle(_simulated_title("TTFT and TPOT percentiles per release and host", every),
+                    fontsize="medium")
+    hosts = list(_by_host(every))
+    offsets = _offsets(hosts)
+    index = {release: position for position, release in enumerate(releases)}
+    for column, (key, name) in enumerate(LATENCIES, start=1):
+        axes = figure.add_subplot(1, 2, column)
+        axes.set_title(f"{name} (ms)", fontsize="medium")
+        own = [point for percentile in PERCENTILES for point in plotted["latency"][key][percentile]]
+        if not own:
+            _nothing(axes, f"a {name} figure")
+            continue
+        for percentile in PERCENTILES:
+            for host, points in _by_host(plotted["latency"][key][percentile]).items():
+                _scatter(axes, points, lambda point: index[point.release] + offsets[point.host],
+                         lambda point: point.value, PERCENTILE_COLOURS[percentile], markers[host],
+                         f"{key}:{percentile}:{host}")
+        _release_axis(axes, releases)
+        axes.set_ylabel("milliseconds")
+    if every:
+        handles = [Line2D([], [], color=PERCENTILE_COLOURS[percentile], marker="o", linestyle="-",
+                          label=percentile) for percentile in PERCENTILES]
+        handles += [Line2D([], [], color="dimgray", marker=markers[host], linestyle="none", label=host)
+                    for host in hosts]
+        if any(point.simulated for point in every):
+            handles.append(hollow)
+        _legend(figure.axes[-1], handles)
+    return figure
+
+
+def _quality_figure(Figure, FigureCanvasAgg, plotted, colours, markers, hollow, Patch):
+    points = plotted["deviation"]
+    releases = _categories(plotted, points)
+    figure = _new_figure(Figure, FigureCanvasAgg, releases, 4.8)
+    axes = figure.add_subplot()
+    baselines = plotted["baselines"]
+    title = "Quality deviation from the baseline release" + (f" {', '.join(baselines)}" if baselines else "")
+    axes.set_title(_simulated_title(title, points), fontsize="medium")
+    if not points:
+        _nothing(axes, "a quality deviation")
+        return figure
+    index = {release: position for position, release in enumerate(releases)}
+    offsets = _offsets(list(_by_host(points)))
+    handles = []
+    for bound in plotted["bounds"]:
+        axes.axhspan(-100 * bound, 100 * bound, color="tab:green", alpha=0.12, zorder=1)
+        handles.append(Patch(color="tab:green", alpha=0.25, label=f"gate: within ±{100 * bound:g} %"))
+    axes.axhline(0, color="black", linewidth=0.8, zorder=1)
+    for host, own in _by_host(points).items():
+        _scatter(axes, own, lambda point: index[point.release] + offsets[point.host],
+                 lambda point: 100 * point.value, colours[host], markers[host], f"deviation:{host}")
+        handles.append(axes.scatter([], [], marker=markers[host], color=colours[host], label=host))
+    if any(point.simulated for point in points):
+        handles.append(hollow)
+    _release_axis(axes, releases)
+    axes.set_ylabel("deviation from the baseline (%)")
+    # The band stays in view when every point is close to zero.
+    low, high = axes.get_ylim()
+    widest = 100 * max(plotted["bounds"])
+    axes.set_ylim(min(low, -1.5 * widest), max(high, 1.5 * widest))
+    _legend(axes, handles)
+    return figure
+
+
+def png(figure) -> bytes:
+    """The figure as PNG bytes, the same for the same figure on every run."""
+    buffer = io.BytesIO()
+    figure.savefig(buffer, format="png", dpi=DPI, metadata=PNG_METADATA, bbox_inches="tight", pad_inches=0.2)
+    return buffer.getvalue()
+
+
+# --- the cells of a table ------------------------------------------------------------------------
+
+
+def _marked(text: str, simulated) -> str:
+    return f"{text} {SIM}" if simulated else text
+
+
+def figure_cells(bench, quality) -> tuple[str, str, str, str]:
+    """score, output tok/s, TTFT p99 and quality as a table shows them: blank when absent,
+    marked (sim) when simulated. LEDGER.md and the report's page share them."""
+    score = output = ttft = shown_quality = ""
+    bench = _figures_of(bench)
+    if bench:
+        simulated = bench.get("simulated")
+        score = _marked(f"{number(bench['score']):.0f}", simulated)
+        if number(bench.get("output_tps")) is not None:
+            output = _marked(f"{number(bench['output_tps']):.1f}", simulated)
+        p99 = number((bench.get("ttft_ms") or {}).get("p99")) if isinstance(bench.get("ttft_ms"), dict) else None
+        if p99 is not None:
+            ttft = _marked(f"{p99:.1f} ms", simulated)
+    quality = _figures_of(quality)
+    if quality:
+        text = f"{number(quality['score']):.3f}"
+        deviation = number(quality.get("deviation"))
+        if deviation is not None:
+            text += f", {100 * deviation:+.1f} %"
+        shown_quality = _marked(text, quality.get("simulated"))
+    return score, output, ttft, shown_quality
+
+
+def gate_cells(row: Row) -> list[tuple[str, bool | None, str]]:
+    """(gate, passed, why) for each gate the row's figures tell: functional from the probes'
+    verdicts, throughput and quality from the verdict their actions recorded."""
+    verdicts = []
+    if row.probes:
+        verdicts.append(("functional", not row.failed_probes,
+                         row.probes if not row.failed_probes else f"failed: {', '.join(map(str, row.failed_probes))}"))
+    if row.quality:
+        deviation = number(row.quality.get("deviation"))
+        bound = number(row.quality.get("bound"))
+        why = (f"deviation {100 * deviation:+.1f} %, gate ±{100 * (bound if bound is not None else QUALITY_BOUND):g} %"
+               if deviation is not None else "no baseline to compare with yet")
+        verdicts.append(("quality", _passed(row.quality.get("passed")), _marked(why, row.quality.get("simulated"))))
+    if row.bench:
+        gate = row.bench.get("gate") if isinstance(row.bench.get("gate"), dict) else {}
+        minimum = number(gate.get("score"))
+        why = f"score {number(row.bench['score']):.0f}, gate ≥ {minimum if minimum is not None else SCORE_GATE:g}"
+        verdicts.append(("throughput", _passed(gate.get("passed")), _marked(why, row.bench.get("simulated"))))
+    return sorted(verdicts, key=lambda verdict: GATES.index(verdict[0]))
+
+
+def _passed(value) -> bool | None:
+    return value if isinstance(value, bool) else None
+
+
+# --- the page ------------------------------------------------------------------------------------
+
+STYLE = """\
+body { font-family: "DejaVu Sans", Verdana, sans-serif; margin: 2em; color: #222; }
+img { max-width: 100%; border: 1px solid #ddd; }
+table { border-collapse: collapse; font-size: 0.9em; }
+th, td { border: 1px solid #ccc; padding: 0.25em 0.6em; text-align: left; vertical-align: top; }
+th { background: #f2f2f2; }
+td.number { text-align: right; white-space: nowrap; }
+.passed { color: #1a7f37; }
+.failed { color: #c62828; font-weight: bold; }
+.unknown { color: #777; }
+.simulated { background: #fff8e1; border-left: 4px solid #f9a825; padding: 0.5em 1em; }
+"""
+
+TABLE_COLUMNS = ("release", "host", "state", "score", "output tok/s", "TTFT p99", "quality", "gates")
+
+
+def page(fleet: str, lines: list[dict], table: list[Row], plotted: dict) -> str:
+    e = html.escape
+    points = plotted["score"] + plotted["deviation"] + [
+        point for key, _name in LATENCIES for percentile in PERCENTILES for point in plotted["latency"][key][percentile]]
+    releases = plotted["releases"]
+    hosts = list(dict.fromkeys(row.host for row in table))
+    times = [str(line["time"]) for line in lines if line.get("time")]
+    parts = [
+        "<!DOCTYPE html>",
+        '<html lang="en">',
+        "<head>",
+        '<meta charset="utf-8">',
+        f"<title>biv100.serving releases: {e(fleet)}</title>",
+        f"<style>\n{STYLE}</style>",
+        "</head>",
+        "<body>",
+        f"<h1>Releases of the fleet {e(fleet)}</h1>",
+        f"<p>Drawn from the fleet's deployment ledger (ledger.jsonl): {len(lines)} lines"
+        + (f", the last at {e(max(times))}" if times else "")
+        + f"; {len(releases)} releases on {len(hosts)} hosts, in the order they first appear in the ledger. "
+        "Each figure is the last one the ledger recorded for that release and host; a release "
+        "without figures is listed below but not plotted.</p>",
+    ]
+    if any(point.simulated for point in points):
+        parts.append(f'<p class="simulated"><strong>Simulated figures.</strong> The figures marked {SIM} '
+                     "in the table and drawn hollow in the plots were measured on the lab's engine "
+                     "stand-in, not on a BI-V100 engine: they show that the pipeline works, not how "
+                     "fast or how good a release is.</p>")
+    weights = plotted["weights"]
+    sections = (
+        ("Weighted score", SCORE_PLOT,
+         f"{weights.get('output')} × output tok/s + {weights.get('input')} × input tok/s per release and "
+         f"host; the dashed line is the throughput gate ({', '.join(f'{gate:g}' for gate in plotted['gates']) or SCORE_GATE})."),
+        ("Latency", LATENCY_PLOT, "Time to first token and time per output token, p50, p90 and p99, "
+                                  "per release and host."),
+        ("Quality", QUALITY_PLOT, "Deviation of the quality score from the baseline release; the band "
+                                  "is the quality gate "
+                                  f"(±{', ±'.join(f'{100 * bound:g}' for bound in plotted['bounds'])} %)."),
+    )
+    for heading, image, caption in sections:
+        parts += [f"<h2>{heading}</h2>", f"<p>{e(caption)}</p>",
+                  f'<p><img src="{image}" alt="{e(heading)} per release and host"></p>']
+    parts += ["<h2>Releases</h2>", "<table>",
+              "<thead><tr>" + "".join(f"<th>{e(name)}</th>" for name in TABLE_COLUMNS) + "</tr></thead>",
+              "<tbody>"]
+    for row in table:
+        score, output, ttft, quality = figure_cells(row.bench, row.quality)
+        gates = "<br>".join(
+            f'<span class="{"unknown" if passed is None else "passed" if passed else "failed"}">'
+            f'{e(gate)}: {"?" if passed is None else "passed" if passed else "FAILED"}</span> – {e(why)}'
+            for gate, passed, why in gate_cells(row))
+        cells = [f"<td>{e(row.release)}</td>", f"<td>{e(row.host)}</td>", f"<td>{e(row.state)}</td>",
+                 *(f'<td class="number">{e(value)}</td>' for value in (score, output, ttft, quality)),
+                 f"<td>{gates}</td>"]
+        parts.append("<tr>" + "".join(cells) + "</tr>")
+    parts += ["</tbody>", "</table>", "</body>", "</html>", ""]
+    return "\n".join(parts)
+
+
+def render(lines: list[dict], fleet: str) -> dict[str, bytes]:
+    """The report of a ledger's lines, file name -> bytes: the three PNG plots and index.html."""
+    table = rows(lines)
+    plotted = series(table)
+    hosts = list(dict.fromkeys(row.host for row in table))
+    with drawing():
+        files = {name: png(figure) for name, figure in figures(plotted, hosts).items()}
+    files[INDEX] = page(fleet, lines, table, plotted).encode("utf-8")
+    return files

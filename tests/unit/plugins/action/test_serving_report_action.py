@@ -1,0 +1,174 @@
+"""biv100.serving.serving_report: the fleet's ledger drawn on the controller, through
+ActionModule.run() and through real ansible-playbook runs of the collection's report playbook,
+which find the ledger where the ledger callback writes it and change nothing anywhere else."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import yaml
+from ansible.errors import AnsibleActionFail
+from ansible.parsing.dataloader import DataLoader
+from ansible.template import Templar, trust_as_template
+
+from ansible_collections.biv100.serving.plugins.action import serving_report as report_action
+from ansible_collections.biv100.serving.plugins.plugin_utils._report import INDEX, PLOTS
+
+REPO = Path(__file__).resolve().parents[4]
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+
+
+def bench(score, simulated=True):
+    latency = {"mean": 100.0, "p50": 90.0, "p90": 150.0, "p99": 210.0}
+    return {"score": score, "input_tps": 2000.0, "output_tps": (score - 340) / 0.83, "total_tps": 9000.0,
+            "request_tps": 2.0, "requests": {"ok": 8, "failed": 0}, "ttft_ms": latency, "tpot_ms": latency,
+            "itl_ms": latency, "e2e_ms": latency, "weights": {"output": 0.83, "input": 0.17},
+            "gate": {"score": 8000, "passed": score >= 8000}, "simulated": simulated, "workload": "random"}
+
+
+def quality(deviation, simulated=True):
+    return {"score": 0.9, "cases": 10, "correct": 9, "baseline": {"release": "sub168", "score": 0.9},
+            "deviation": deviation, "bound": 0.04, "passed": abs(deviation) <= 0.04, "simulated": simulated}
+
+
+LINES = [
+    {"time": "2026-12-01T10:00:00Z", "host": "h1", "playbook": "deploy.yml", "release": "sub168", "state": "good",
+     "bench": bench(7900.0), "quality": quality(0.0)},
+    {"time": "2026-12-01T11:00:00Z", "host": "h1", "playbook": "deploy.yml", "release": "sub510", "state": "good",
+     "bench": bench(8400.0), "quality": quality(-0.012)},
+    {"time": "2026-12-01T12:00:00Z", "host": "h1", "playbook": "deploy.yml", "release": "sub511", "state": "good"},
+]
+
+
+def write_ledger(folder: Path, lines=None) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "ledger.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines or LINES))
+    return folder
+
+
+def run_action(args: dict, check_mode=False, task_vars=None):
+    task = SimpleNamespace(args=dict(args), check_mode=check_mode, async_val=0, action="biv100.serving.serving_report")
+    task_vars = dict(task_vars or {})
+    templar = Templar(loader=DataLoader(), variables=task_vars)
+    action = report_action.ActionModule(task, SimpleNamespace(_shell=SimpleNamespace(tmpdir=None)), None,
+                                        DataLoader(), templar, None)
+    return action.run(task_vars=task_vars)
+
+
+def test_the_report_is_written_and_a_second_run_with_the_same_ledger_changes_nothing(tmp_path):
+    ledger = write_ledger(tmp_path / "ledger")
+    dest = tmp_path / "report"
+
+    first = run_action({"ledger_dir": str(ledger), "dest": str(dest)})
+    written = {name: (dest / name).read_bytes() for name in [*PLOTS, INDEX]}
+    second = run_action({"ledger_dir": str(ledger), "dest": str(dest)})
+
+    assert first["changed"] and sorted(first["files_changed"]) == sorted([*PLOTS, INDEX])
+    assert first["releases"] == ["sub168", "sub510", "sub511"] and first["hosts"] == ["h1"]
+    assert first["index"] == str(dest / INDEX) and first["plots"] == [str(dest / name) for name in PLOTS]
+    assert first["msg"] == f"3 releases on 1 hosts from 3 lines of {ledger / 'ledger.jsonl'}: {dest / INDEX}"
+    for name in PLOTS:
+        assert written[name].startswith(PNG_SIGNATURE)
+    assert not second["changed"] and second["files_changed"] == []
+    assert {name: (dest / name).read_bytes() for name in written} == written
+    assert sorted(path.name for path in dest.iterdir()) == sorted(written)  # no temporary file left
+
+
+def test_a_new_ledger_line_changes_what_it_changes_and_check_mode_writes_nothing(tmp_path):
+    ledger = write_ledger(tmp_path / "ledger")
+    dest = tmp_path / "report"
+    run_action({"ledger_dir": str(ledger), "dest": str(dest)})
+    before = {name: (dest / name).read_bytes() for name in [*PLOTS, INDEX]}
+    write_ledger(ledger, LINES + [{**LINES[2], "time": "2026-12-01T13:00:00Z", "bench": bench(8800.0)}])
+
+    checked = run_action({"ledger_dir": str(ledger), "dest": str(dest)}, check_mode=True)
+
+    # sub511 gains a score and TTFT/TPOT points, not a quality deviation.
+    assert checked["changed"] and checked["files_changed"] == ["score.png", "latency.png", INDEX]
+    assert {name: (dest / name).read_bytes() for name in before} == before
+    fresh = run_action({"ledger_dir": str(ledger), "dest": str(tmp_path / "new")}, check_mode=True)
+    assert fresh["changed"] and not (tmp_path / "new").exists()
+
+
+def test_the_variable_serving_ledger_dir_names_the_ledger_as_for_the_callback(tmp_path):
+    write_ledger(tmp_path / "fleet-ledger")
+    result = run_action({"dest": str(tmp_path / "report")},
+                        task_vars={"serving_ledger_dir": trust_as_template("{{ base }}/fleet-ledger"),
+                                   "base": str(tmp_path)})
+    assert result["ledger"] == str(tmp_path / "fleet-ledger" / "ledger.jsonl")
+
+
+def test_a_missing_ledger_fails_naming_where_it_was_looked_for(tmp_path):
+    with pytest.raises(AnsibleActionFail, match=f"no deployment ledger at {tmp_path / 'ledger.jsonl'}: "):
+        run_action({"ledger_dir": str(tmp_path), "dest": str(tmp_path / "report")})
+    (tmp_path / "ledger.jsonl").write_text("{not json\n")
+    with pytest.raises(AnsibleActionFail, match=r"ledger.jsonl, line 1: not JSON"):
+        run_action({"ledger_dir": str(tmp_path), "dest": str(tmp_path / "report")})
+    assert not (tmp_path / "report").exists()
+
+
+# --- real runs: the report playbook with any inventory ------------------------------------------
+
+@pytest.fixture
+def project(tmp_path):
+    """A playbook project of its own (ansible.cfg with the ledger callback on, resolving
+    biv100.serving from this checkout) whose inventory folder `fleet` lists a host that cannot be
+    reached, and whose ledger is at ledger/fleet; run(*args, **env) runs the collection's report
+    playbook there."""
+    (tmp_path / "ansible.cfg").write_text(f"[defaults]\ncollections_path = {REPO / 'collections'}\n"
+                                          "callbacks_enabled = biv100.serving.ledger\n")
+    fleet = tmp_path / "inventory" / "fleet"
+    fleet.mkdir(parents=True)
+    (fleet / "hosts.yml").write_text(yaml.safe_dump({"all": {"hosts": {"gpu1": {"ansible_host": "192.0.2.1"}}}}))
+    write_ledger(tmp_path / "ledger" / "fleet")
+
+    def run(*args, **env):
+        environment = {key: value for key, value in os.environ.items()
+                       if not key.startswith(("ANSIBLE_", "BIV100_"))}
+        environment.update(ANSIBLE_CONFIG=str(tmp_path / "ansible.cfg"), ANSIBLE_NOCOLOR="1", **env)
+        done = subprocess.run([str(Path(sys.executable).with_name("ansible-playbook")), "-i", "inventory/fleet",
+                               "biv100.serving.report", *args], cwd=tmp_path, env=environment, capture_output=True,
+                              text=True, check=False)
+        assert done.returncode == 0, done.stdout + done.stderr
+        return done.stdout
+
+    run.root = tmp_path
+    return run
+
+
+def test_the_playbook_draws_the_fleets_ledger_into_build_report_and_adds_no_ledger_line(project):
+    ledger = project.root / "ledger" / "fleet" / "ledger.jsonl"
+    before = ledger.read_bytes()
+
+    first = project()
+    second = project()
+
+    report = project.root / "build" / "report" / "fleet"
+    assert sorted(path.name for path in report.iterdir()) == sorted([*PLOTS, INDEX])
+    assert "localhost                  : ok=2    changed=1" in first
+    assert "localhost                  : ok=2    changed=0" in second
+    assert "gpu1" not in first + second  # the inventory's host is never contacted
+    # The report's own task is the collection's, yet the run leaves the ledger as it was.
+    assert ledger.read_bytes() == before and not (project.root / "ledger" / "fleet" / "LEDGER.md").exists()
+
+
+def test_the_ledger_is_found_where_the_callback_would_write_it(project):
+    elsewhere = write_ledger(project.root / "ledgers" / "from-env", LINES[:1])
+    named = write_ledger(project.root / "ledgers" / "from-var", LINES[:2])
+
+    by_env = project(BIV100_LEDGER_DIR=str(elsewhere))
+    # The variable wins over the environment, as it does for the callback; a relative folder is
+    # relative to the current one.
+    by_var = project("-e", "serving_ledger_dir=ledgers/from-var", BIV100_LEDGER_DIR=str(elsewhere))
+    by_default = project()
+
+    report = project.root / "build" / "report" / "fleet" / "index.html"
+    assert f"1 releases on 1 hosts from 1 lines of {elsewhere / 'ledger.jsonl'}: {report}" in by_env
+    assert f"2 releases on 1 hosts from 2 lines of {named / 'ledger.jsonl'}: {report}" in by_var
+    assert f"3 releases on 1 hosts from 3 lines of {project.root}/ledger/fleet/ledger.jsonl: {report}" in by_default

@@ -1,0 +1,279 @@
+"""biv100.serving.engine_bench run in-process against a small streaming engine in the test: the
+figures come from the server's usage and the chunks' arrival, warm-up stays out, concurrency
+holds, the simulated header is reported, failures are named, the progress file is kept."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+
+from ansible_collections.biv100.serving.plugins.modules import engine_bench
+
+SECRET = "sk-biv100-bench-5e6f7a81"
+
+
+class Engine(BaseHTTPRequestHandler):
+    """Streams a vLLM-shaped chat answer: a role chunk, `x_chunks` content chunks `delay` apart,
+    then the usage chunk and [DONE]. The usage says what the test wants (`x_prompt_tokens`, and
+    max_tokens as the completion tokens), so that a client counting for itself would be seen."""
+
+    server_version = "engine-under-test"
+
+    def do_POST(self):
+        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        state = self.server.state
+        with state["lock"]:
+            state["received"].append({"body": body, "authorization": self.headers.get("Authorization"),
+                                      "at": time.monotonic()})
+            state["in_flight"] += 1
+            state["most_in_flight"] = max(state["most_in_flight"], state["in_flight"])
+        try:
+            self.answer(body, state)
+        finally:
+            with state["lock"]:
+                state["in_flight"] -= 1
+                state["ended"].append((body["messages"][0]["content"], time.monotonic()))
+
+    def answer(self, body, state):
+        if body.get("x_status"):
+            self.reply(body["x_status"], {"error": {"message": "CUDA out of memory", "code": body["x_status"]}})
+            return
+        usage = {"prompt_tokens": body.get("x_prompt_tokens", 1000), "completion_tokens": body["max_tokens"]}
+        if not body.get("stream"):
+            time.sleep(state["delay"])
+            self.reply(200, {"choices": [{"index": 0, "message": {"content": "hi"}}], "usage": usage})
+            return
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream")
+        if state["simulated"]:
+            self.send_header("x-biv100-simulated", "1")
+        self.end_headers()
+        self.event({"choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}}]})
+        for number in range(body.get("x_chunks", 3)):
+            time.sleep(state["delay"])
+            self.event({"choices": [{"index": 0, "delta": {"content": " w%d" % number}}]})
+        if body.get("x_error_event"):
+            self.event({"error": {"message": "engine died", "code": 500}})
+            return
+        self.wfile.write(b": ping\n\n")
+        if (body.get("stream_options") or {}).get("include_usage"):
+            self.event({"choices": [], "usage": usage})
+        self.wfile.write(b"data: [DONE]\n\n")
+
+    def event(self, document):
+        self.wfile.write(b"data: " + json.dumps(document).encode() + b"\n\n")
+        self.wfile.flush()
+
+    def reply(self, status, document):
+        data = json.dumps(document).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        if self.server.state["simulated"]:
+            self.send_header("x-biv100-simulated", "1")
+        self.end_headers()
+        self.wfile.write(data)
+
+    def log_message(self, format, *args):
+        pass
+
+
+@pytest.fixture
+def engine():
+    """engine(simulated=False, delay=0.01) -> (url, state); the state records what came."""
+    servers = []
+
+    def start(simulated=False, delay=0.01):
+        server = ThreadingHTTPServer(("127.0.0.1", 0), Engine)
+        server.daemon_threads = True
+        server.state = {"lock": threading.Lock(), "received": [], "ended": [], "in_flight": 0,
+                        "most_in_flight": 0, "simulated": simulated, "delay": delay}
+        threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.02}, daemon=True).start()
+        servers.append(server)
+        return "http://127.0.0.1:%d" % server.server_address[1], server.state
+
+    yield start
+    for server in servers:
+        server.shutdown()
+        server.server_close()
+
+
+def chat(label, max_tokens=5, stream=True, **extra):
+    body = {"messages": [{"role": "user", "content": label}], "max_tokens": max_tokens, "stream": stream,
+            "ignore_eos": True, "temperature": 0}
+    if stream:
+        body["stream_options"] = {"include_usage": True}
+    body.update(extra)
+    return body
+
+
+def bench_args(url, requests, **options):
+    return dict({"url": url, "served_model_name": "qwen3_5", "requests": requests, "concurrency": 2,
+                 "timeout": 10}, **options)
+
+
+def test_the_figures_are_the_servers_counts_over_the_measured_requests(engine, run_module, tmp_path):
+    url, state = engine()
+    requests = [chat("warm-%d" % n, max_tokens=50, x_prompt_tokens=90000) for n in range(2)]
+    requests += [chat("measured-%d" % n, max_tokens=5, x_prompt_tokens=1000 + n) for n in range(6)]
+    failed, result = run_module(engine_bench, bench_args(url, requests, warmup=2,
+                                                         progress_file=str(tmp_path / "progress.json")))
+
+    assert not failed, result
+    assert result["requests"] == {"ok": 6, "failed": 0} and result["warmup"] == {"ok": 2, "failed": 0}
+    # The server's usage: 5 completion tokens each although only 3 content chunks came, and the
+    # warm-up's 90000-token prompts are nowhere.
+    assert result["output_tokens"] == 30 and result["input_tokens"] == sum(1000 + n for n in range(6))
+    assert result["simulated"] is False and "[simulated]" not in result["msg"]
+    assert result["changed"] is False and result["concurrency"] == 2
+    assert 0 < result["duration_s"] < 5
+    assert result["output_tps"] == pytest.approx(30 / result["duration_s"], rel=1e-2)  # duration_s is rounded
+    assert result["score"] == pytest.approx(0.83 * result["output_tps"] + 0.17 * result["input_tps"], rel=1e-3)
+    # Four chunks (the role chunk too, as vLLM's benchmark counts) 10 ms apart: gaps of ~10 ms.
+    assert 5 <= result["itl_ms"]["p50"] < 200 and result["ttft_ms"]["p50"] < result["e2e_ms"]["p50"]
+    assert set(result["ttft_ms"]) == {"mean", "p50", "p90", "p99"}
+    # Two at a time, and every warm-up request ended before the first measured one was sent.
+    assert state["most_in_flight"] == 2
+    measured_sent = min(item["at"] for item in state["received"] if item["body"]["messages"][0]["content"]
+                        .startswith("measured"))
+    assert all(at <= measured_sent for content, at in state["ended"] if content.startswith("warm"))
+    # Every body got the served model; the result does not carry the bodies back.
+    assert {item["body"]["model"] for item in state["received"]} == {"qwen3_5"}
+    assert result["invocation"]["module_args"]["requests"] == "8 request bodies"
+    progress = json.loads((tmp_path / "progress.json").read_text())
+    assert progress["phase"] == "done"
+    assert progress["requests"] == {"done": 6, "ok": 6, "failed": 0, "total": 6}
+    assert progress["output_tokens"] == 30 and progress["warmup"]["done"] == 2
+
+
+def test_answers_with_the_simulated_header_mark_every_figure(engine, run_module):
+    url, _state = engine(simulated=True)
+    failed, result = run_module(engine_bench, bench_args(url, [chat("a"), chat("b")]))
+    assert not failed and result["simulated"] is True
+    assert result["msg"].endswith("[simulated]"), result["msg"]
+
+
+def test_failed_requests_are_counted_apart_and_say_why(engine, run_module):
+    url, _state = engine()
+    requests = [
+        chat("ok"),
+        chat("no-usage", stream_options={"include_usage": False}),
+        chat("error-status", x_status=500),
+        chat("error-event", x_error_event=True),
+        chat("no-tokens", x_chunks=0, x_status=None),
+    ]
+    failed, result = run_module(engine_bench, bench_args(url, requests))
+    assert not failed, result
+    # The role chunk counts as a chunk, as in vLLM's benchmark, so "no-tokens" succeeds.
+    assert result["requests"] == {"ok": 2, "failed": 3}
+    errors = {requests[item["index"]]["messages"][0]["content"]: item["error"] for item in result["failures"]}
+    assert errors["no-usage"].startswith("no usage in the answer")
+    assert errors["error-status"] == "HTTP 500: CUDA out of memory"
+    assert errors["error-event"] == "error event: engine died"
+    assert result["output_tokens"] == 10
+
+
+def test_the_progress_file_is_rewritten_while_the_run_goes(engine, run_module, tmp_path, monkeypatch):
+    monkeypatch.setattr(engine_bench, "PROGRESS_INTERVAL", 0.01)
+    url, _state = engine(delay=0.02)
+    path = tmp_path / "progress.json"
+    seen, stop = [], threading.Event()
+
+    def watch():
+        while not stop.is_set():
+            try:
+                seen.append(json.loads(path.read_text()))  # never a part: each version is renamed in
+            except FileNotFoundError:
+                pass
+            time.sleep(0.003)
+
+    watcher = threading.Thread(target=watch)
+    watcher.start()
+    try:
+        failed, result = run_module(engine_bench, bench_args(
+            url, [chat("w0"), chat("m0"), chat("m1"), chat("m2"), chat("m3")], warmup=1, concurrency=1,
+            progress_file=str(path)))
+    finally:
+        stop.set()
+        watcher.join()
+    seen.append(json.loads(path.read_text()))
+    assert not failed and result["progress_error"] is None
+    phases = [item["phase"] for item in seen]
+    assert phases[0] == "warmup" and "measuring" in phases and phases[-1] == "done"
+    counts = [item["requests"]["done"] for item in seen if item["phase"] == "measuring"]
+    assert counts == sorted(counts) and len(set(counts)) > 1  # it moved while measuring
+    middle = [item for item in seen if item["phase"] == "measuring" and item["output_tokens"]]
+    assert middle and all(item["output_tps"] > 0 and item["elapsed_s"] > 0 for item in middle)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["progress.json"]  # no staged file left
+
+
+def test_an_unwritable_progress_file_does_not_stop_the_measurement(engine, run_module, tmp_path):
+    url, _state = engine()
+    failed, result = run_module(engine_bench, bench_args(
+        url, [chat("a"), chat("b")], progress_file=str(tmp_path / "missing" / "progress.json")))
+    assert not failed and result["requests"]["ok"] == 2
+    assert "missing/progress.json" in result["progress_error"]
+
+
+def test_with_a_duration_the_requests_are_sent_pass_after_pass_until_it_is_up(engine, run_module):
+    url, state = engine(delay=0.01)
+    failed, result = run_module(engine_bench, bench_args(url, [chat("alpha"), chat("beta")], duration_seconds=0.4))
+    assert not failed, result
+    contents = [item["body"]["messages"][0]["content"] for item in state["received"]]
+    assert sorted(contents[:2]) == ["alpha", "beta"] and "(pass 1) alpha" in contents
+    assert len(contents) == len(set(contents)) > 4  # never the same prompt twice
+    assert result["requests"]["ok"] == len(contents)
+    assert 0.4 <= result["duration_s"] < 2
+
+
+def test_a_request_over_its_timeout_fails(engine, run_module):
+    url, _state = engine(delay=0.3)
+    failed, result = run_module(engine_bench, bench_args(url, [chat("slow", x_chunks=5)], timeout=0.5))
+    assert not failed and result["requests"] == {"ok": 0, "failed": 1}
+    assert result["failures"][0]["error"] == "timed out after 0.5 s"
+
+
+def test_a_whole_answer_is_one_chunk(engine, run_module):
+    url, _state = engine()
+    failed, result = run_module(engine_bench, bench_args(url, [chat("plain", stream=False)]))
+    assert not failed and result["requests"]["ok"] == 1
+    assert result["ttft_ms"] == result["e2e_ms"] and result["itl_ms"]["p99"] == 0
+
+
+def test_the_key_is_sent_as_the_bearer_token_and_returned_nowhere_also_in_check_mode(engine, run_module):
+    url, state = engine()
+    failed, result = run_module(engine_bench, dict(bench_args(url, [chat("a")]), api_key=SECRET,
+                                                   _ansible_check_mode=True))
+    assert not failed and result["requests"]["ok"] == 1
+    assert state["received"][0]["authorization"] == "Bearer " + SECRET
+    assert SECRET not in json.dumps(result)
+
+
+def test_concurrency_falls_back_to_max_num_seqs(engine, run_module):
+    url, state = engine(delay=0.02)
+    args = bench_args(url, [chat(str(n)) for n in range(6)], max_num_seqs=3)
+    del args["concurrency"]
+    failed, result = run_module(engine_bench, args)
+    assert not failed and result["concurrency"] == 3 and state["most_in_flight"] == 3
+
+
+@pytest.mark.parametrize("options, message", [
+    ({"warmup": 2}, "warmup (2) must leave at least one of the 2 requests to measure"),
+    ({"url": "https://127.0.0.1:8000"}, "only http:// is measured"),
+    ({"concurrency": 0}, "concurrency (or max_num_seqs) must be 1 or more"),
+    ({"duration_seconds": 0}, "duration_seconds must be above 0"),
+])
+def test_what_cannot_be_measured_is_refused_before_any_request(engine, run_module, options, message):
+    url, state = engine()
+    failed, result = run_module(engine_bench, dict(bench_args(url, [chat("a"), chat("b")]), **options))
+    assert failed and message in result["msg"], result["msg"]
+    assert state["received"] == []
+
+
+def test_a_workload_is_the_actions_to_expand(run_module):
+    failed, result = run_module(engine_bench, {"served_model_name": "qwen3_5", "workload": "default"})
+    assert failed and "action plugin" in result["msg"]
