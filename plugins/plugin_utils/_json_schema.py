@@ -171,8 +171,7 @@ def _resolve(root, ref):
 
 def _type(validator, instance, expected, schema, path):
     names = [expected] if isinstance(expected, str) else expected
-    if not isinstance(names, list) or not names or not all(isinstance(name, str)
-                                                            for name in names):
+    if not isinstance(names, list) or not names or not all(isinstance(name, str) for name in names):
         raise SchemaError(f"type {_show(expected)} is not a type name or a list of them")
     unknown = [name for name in names if name not in TYPES]
     if unknown:

@@ -187,4 +187,3 @@ def test_a_wrong_share_outside_0_to_1_stops_the_start(start):
     engine = start(env={"BIV100_STANDIN_WRONG_SHARE": "2"}, wait=False)
     assert engine.wait_exit() == 1
     assert "BIV100_STANDIN_WRONG_SHARE=2 is not a share between 0 and 1" in engine.output()
-

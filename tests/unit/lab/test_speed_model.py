@@ -463,4 +463,3 @@ def test_bad_rates_stop_the_start(start):
     engine = start(env={"BIV100_STANDIN_DECODE_TPS": "0"}, wait=False)
     assert engine.wait_exit() == 1
     assert "BIV100_STANDIN_DECODE_TPS=0 is not a positive number" in engine.output()
-

@@ -369,7 +369,8 @@ def integer_arithmetic(expression: str) -> int:
     def value(node):
         if isinstance(node, ast.BinOp) and type(node.op) in OPERATORS:
             return OPERATORS[type(node.op)](value(node.left), value(node.right))
-        if isinstance(node, ast.Constant) and type(node.value) is int:
+        # bool is an int subclass; True is no integer of the question.
+        if isinstance(node, ast.Constant) and isinstance(node.value, int) and not isinstance(node.value, bool):
             return node.value
         raise AssertionError(f"{expression!r}: only integers, + - * // and parentheses")
     return value(ast.parse(expression, mode="eval").body)
