@@ -5,7 +5,9 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+import threading
 import time
+from http.server import ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
@@ -70,3 +72,22 @@ def started_process():
     for process in started:
         process.kill()
         process.wait()
+
+
+@pytest.fixture
+def loopback_server():
+    """serve(handler_class) -> (url, server): an HTTP server on a free loopback port, answering
+    from its own threads, shut down at teardown. Tests keep what they record on the server."""
+    servers = []
+
+    def serve(handler_class):
+        server = ThreadingHTTPServer(("127.0.0.1", 0), handler_class)
+        server.daemon_threads = True
+        threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.02}, daemon=True).start()
+        servers.append(server)
+        return "http://127.0.0.1:%d" % server.server_address[1], server
+
+    yield serve
+    for server in servers:
+        server.shutdown()
+        server.server_close()

@@ -16,7 +16,7 @@ import subprocess
 import textwrap
 import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from types import SimpleNamespace
 
 import pytest
@@ -407,14 +407,10 @@ class Engine(BaseHTTPRequestHandler):
 
 
 @pytest.fixture
-def engine_url():
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Engine)
-    server.daemon_threads = True
+def engine_url(loopback_server):
+    url, server = loopback_server(Engine)
     server.received = []
-    threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.02}, daemon=True).start()
-    yield f"http://127.0.0.1:{server.server_address[1]}", server.received
-    server.shutdown()
-    server.server_close()
+    return url, server.received
 
 
 def test_the_real_module_end_to_end(tmp_path, workload, playbook_dir, shown, engine_url, monkeypatch):

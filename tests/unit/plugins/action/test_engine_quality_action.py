@@ -11,8 +11,7 @@ import ast
 import importlib
 import json
 import textwrap
-import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -212,13 +211,8 @@ class Engine(BaseHTTPRequestHandler):
 
 
 @pytest.fixture
-def engine_url():
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Engine)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    yield "http://127.0.0.1:%d" % server.server_address[1]
-    server.shutdown()
-    server.server_close()
+def engine_url(loopback_server):
+    return loopback_server(Engine)[0]
 
 
 def test_engine_probes_answers_carry_the_headers_the_gate_reads(small_set, engine_url):

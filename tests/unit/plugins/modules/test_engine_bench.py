@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 
 import pytest
 
@@ -83,23 +83,16 @@ class Engine(BaseHTTPRequestHandler):
 
 
 @pytest.fixture
-def engine():
+def engine(loopback_server):
     """engine(simulated=False, delay=0.01) -> (url, state); the state records what came."""
-    servers = []
 
     def start(simulated=False, delay=0.01):
-        server = ThreadingHTTPServer(("127.0.0.1", 0), Engine)
-        server.daemon_threads = True
+        url, server = loopback_server(Engine)
         server.state = {"lock": threading.Lock(), "received": [], "ended": [], "in_flight": 0,
                         "most_in_flight": 0, "simulated": simulated, "delay": delay}
-        threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.02}, daemon=True).start()
-        servers.append(server)
-        return "http://127.0.0.1:%d" % server.server_address[1], server.state
+        return url, server.state
 
-    yield start
-    for server in servers:
-        server.shutdown()
-        server.server_close()
+    return start
 
 
 def chat(label, max_tokens=5, stream=True, **extra):

@@ -4,8 +4,7 @@ nowhere in what the module returns, even when an answer repeats it."""
 from __future__ import annotations
 
 import json
-import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 
 import pytest
 
@@ -31,13 +30,8 @@ class EchoingEngine(BaseHTTPRequestHandler):
 
 
 @pytest.fixture
-def echoing_url():
-    server = ThreadingHTTPServer(("127.0.0.1", 0), EchoingEngine)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    yield "http://127.0.0.1:%d" % server.server_address[1]
-    server.shutdown()
-    server.server_close()
+def echoing_url(loopback_server):
+    return loopback_server(EchoingEngine)[0]
 
 
 def test_the_key_is_sent_as_the_bearer_token_and_returned_nowhere(echoing_url, run_module):
