@@ -5,9 +5,9 @@
 
 The workload is expanded into request bodies here (a bad workload fails before anything is
 sent), the host half runs asynchronously - the action sets the task's async itself, as
-ActionBase._execute_module(wrap_async=True) expects - and until it ends, every poll_seconds
-one cheap command reads its progress file and the async job's file, and a progress line is
-shown. The finished job's result comes back through ansible.legacy.async_status, which then
+ActionBase._execute_module(wrap_async=True) expects - and until it ends, one cheap command
+waits on the host up to poll_seconds for the job to end, then reads its progress file and the
+async job's file, and a progress line is shown. The finished job's result comes back through ansible.legacy.async_status, which then
 removes the job file. The gate's verdict is data: the task fails only when the module failed
 or more than max_failed_fraction of the measured requests did.
 """
@@ -40,7 +40,8 @@ MODULE = "biv100.serving.engine_bench"
 ASYNC_STATUS = "ansible.legacy.async_status"
 PROGRESS_NAME = "engine_bench-progress.json"
 JOB_MARK = "--- biv100 engine_bench job ---"
-FIRST_POLL_SECONDS = 1.0
+# How often the host looks at the job file while it waits for the job to end.
+POLL_TICK_SECONDS = 0.1
 # Seconds the async job may run beyond its requests' timeouts before async_wrapper kills it.
 ASYNC_SLACK = 120
 # Figures of a results file that the deltas compare: (name, where in the figures).
@@ -184,18 +185,17 @@ class ActionModule(ActionBase):
         jid, job_file = started["ansible_job_id"], started.get("results_file")
         deadline = time.monotonic() + limit + ASYNC_SLACK
         progress = None
-        # The first look comes soon, so that a short run (the lab's takes seconds) is not kept
-        # waiting a whole poll; then one every poll_seconds.
-        wait = min(poll_seconds, FIRST_POLL_SECONDS)
         while True:
-            time.sleep(wait)
-            wait = poll_seconds
-            progress, finished = self._peek(module_args["progress_file"], job_file, progress)
+            looked = time.monotonic()
+            progress, finished = self._peek(module_args["progress_file"], job_file, progress, poll_seconds)
             if finished:
                 break
             display.display(progress_line(host, progress, module_args))
             if time.monotonic() > deadline:
                 raise AnsibleActionFail(f"{host}: the benchmark job {jid} did not end within {limit + ASYNC_SLACK} s")
+            # The host waits for the job itself; where it could not (no job file to watch), the
+            # controller waits instead.
+            time.sleep(max(0.0, poll_seconds - (time.monotonic() - looked)) if not job_file else 0.1)
         async_dir = posixpath.dirname(job_file) if job_file else self._remote_expand_user(
             self.get_shell_option("async_dir", default="~/.ansible_async"))
         status = {"jid": jid, "_async_dir": async_dir}
@@ -206,9 +206,19 @@ class ActionModule(ActionBase):
             answer.pop(key, None)
         return answer
 
-    def _peek(self, progress_file: str, job_file: str | None, last: dict | None) -> tuple[dict | None, bool]:
-        """(the progress, whether the job ended) from one command on the host: both files read."""
-        command = f"cat -- {shlex.quote(progress_file)} 2>/dev/null; printf '\\n%s\\n' {shlex.quote(JOB_MARK)}"
+    def _peek(self, progress_file: str, job_file: str | None, last: dict | None,
+              wait: float) -> tuple[dict | None, bool]:
+        """(the progress, whether the job ended) from one command on the host, which first waits
+        up to `wait` seconds for the job to end - so that a short run (the lab's takes about a
+        second) is seen ending at once, with one round trip per progress line - and then reads
+        both files."""
+        command = ""
+        if job_file:
+            # async_wrapper's job file says "started": 1 until the job's result replaces it.
+            ticks = max(1, int(wait / POLL_TICK_SECONDS))
+            command = (f"n=0; while [ $n -lt {ticks} ] && grep -qs '\"started\": 1' {shlex.quote(job_file)}; "
+                       f"do sleep {POLL_TICK_SECONDS}; n=$((n+1)); done; ")
+        command += f"cat -- {shlex.quote(progress_file)} 2>/dev/null; printf '\\n%s\\n' {shlex.quote(JOB_MARK)}"
         if job_file:
             command += f"; cat -- {shlex.quote(job_file)} 2>/dev/null"
         output = self._low_level_execute_command(command, sudoable=True).get("stdout", "")
