@@ -42,6 +42,8 @@ PROGRESS_NAME = "engine_bench-progress.json"
 JOB_MARK = "--- biv100 engine_bench job ---"
 # How often the host looks at the job file while it waits for the job to end.
 POLL_TICK_SECONDS = 0.1
+# When the first progress line is shown, at the latest.
+FIRST_LINE_SECONDS = 1.0
 # Seconds the async job may run beyond its requests' timeouts before async_wrapper kills it.
 ASYNC_SLACK = 120
 # Figures of a results file that the deltas compare: (name, where in the figures).
@@ -184,13 +186,17 @@ class ActionModule(ActionBase):
             return started
         jid, job_file = started["ansible_job_id"], started.get("results_file")
         deadline = time.monotonic() + limit + ASYNC_SLACK
-        progress = None
+        progress, shown = None, time.monotonic() - poll_seconds + min(poll_seconds, FIRST_LINE_SECONDS)
         while True:
             looked = time.monotonic()
             progress, finished = self._peek(module_args["progress_file"], job_file, progress, poll_seconds)
             if finished:
                 break
-            display.display(progress_line(host, progress, module_args))
+            # One line per poll_seconds, the first after a second at most: the job file may not be
+            # there yet when the host first looks, and a run shorter than that needs no line.
+            if time.monotonic() - shown >= poll_seconds:
+                display.display(progress_line(host, progress, module_args))
+                shown = time.monotonic()
             if time.monotonic() > deadline:
                 raise AnsibleActionFail(f"{host}: the benchmark job {jid} did not end within {limit + ASYNC_SLACK} s")
             # The host waits for the job itself; where it could not (no job file to watch), the
@@ -214,9 +220,10 @@ class ActionModule(ActionBase):
         both files."""
         command = ""
         if job_file:
-            # async_wrapper's job file says "started": 1 until the job's result replaces it.
+            # async_wrapper's job file says "started": true (1 before ansible-core 2.19) until the
+            # job's result replaces it.
             ticks = max(1, int(wait / POLL_TICK_SECONDS))
-            command = (f"n=0; while [ $n -lt {ticks} ] && grep -qs '\"started\": 1' {shlex.quote(job_file)}; "
+            command = (f"n=0; while [ $n -lt {ticks} ] && grep -Eqs '\"started\": (1|true)' {shlex.quote(job_file)}; "
                        f"do sleep {POLL_TICK_SECONDS}; n=$((n+1)); done; ")
         command += f"cat -- {shlex.quote(progress_file)} 2>/dev/null; printf '\\n%s\\n' {shlex.quote(JOB_MARK)}"
         if job_file:
