@@ -59,7 +59,7 @@ FIGURE_KEYS = ("requests", "input_tokens", "output_tokens", "duration_s", "reque
                "output_tps", "total_tps", "ttft_ms", "tpot_ms", "itl_ms", "e2e_ms", "weights", "score")
 # A registered task result's own keys, left out of the quality verdict recorded.
 TASK_RESULT_KEYS = ("changed", "failed", "skipped", "invocation", "warnings", "deprecations", "exception")
-MODULE_OPTIONS = ("url", "api_key", "served_model_name", "requests", "warmup", "concurrency",
+MODULE_OPTIONS = ("url", "api_key_env_file", "served_model_name", "requests", "warmup", "concurrency",
                   "duration_seconds", "timeout", "progress_file", "weights")
 
 
@@ -70,6 +70,7 @@ def argument_spec() -> dict:
     return dict(
         url=dict(type="str", default="http://127.0.0.1:8000"),
         api_key=dict(type="str", no_log=True),
+        api_key_env_file=dict(type="str"),
         served_model_name=dict(type="str", required=True),
         workload=dict(type="str"),
         datasets=dict(type="dict", default={}),
@@ -111,6 +112,11 @@ class ActionModule(ActionBase):
             mutually_exclusive=[("workload", "requests")],
         )
         host = task_vars.get("inventory_hostname", "?")
+        if args["api_key"]:
+            # The job's arguments are written to a file on the host for async_wrapper to read.
+            raise AnsibleActionFail("engine_bench runs as an async job, whose arguments Ansible writes to a file "
+                                    "on the host: give api_key_env_file (the engine's env file, which holds "
+                                    "VLLM_API_KEY) instead of api_key")
         if args["poll_seconds"] <= 0:
             raise AnsibleActionFail("poll_seconds must be above 0")
         if not 0 <= args["max_failed_fraction"] <= 1:
@@ -207,6 +213,9 @@ class ActionModule(ActionBase):
         status = {"jid": jid, "_async_dir": async_dir}
         answer = self._execute_module(ASYNC_STATUS, module_args=dict(status, mode="status"), task_vars=task_vars)
         self._execute_module(ASYNC_STATUS, module_args=dict(status, mode="cleanup"), task_vars=task_vars)
+        # The job has ended: its folder (the module, its arguments, the progress file) goes now,
+        # whether or not async_wrapper got to it.
+        self._remove_tmp_path(shell.tmpdir, force=True)
         for key in ("ansible_job_id", "started", "finished", "results_file", "invocation", "stdout", "stderr",
                     "stdout_lines", "stderr_lines"):
             answer.pop(key, None)

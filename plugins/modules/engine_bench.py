@@ -103,6 +103,15 @@ options:
     description: Seconds one request may take, from sending to its last event.
     type: float
     default: 600
+  api_key_env_file:
+    description:
+      - An environment file on the host (C(NAME=value) lines, as the engine role writes
+        C(engine_env_file)) whose C(VLLM_API_KEY) is the bearer token, when O(api_key) is not
+        given.
+      - The task's way to give the key - its action refuses O(api_key), because an async job's
+        arguments are written to a file on the host - so that the key stays in the one file
+        the engine reads it from.
+    type: str
   progress_file:
     description:
       - A file on the host that the module rewrites about every second, by renaming a whole new
@@ -226,7 +235,7 @@ EXAMPLES = r"""
     served_model_name: qwen3_5
     max_num_seqs: 2
     url: http://127.0.0.1:8000
-    api_key: "{{ engine_api_key }}"
+    api_key_env_file: /etc/biv100-serving/engine.env
     release: sub510
   register: bench
 
@@ -702,7 +711,17 @@ def run_phase(jobs, concurrency, sender, progress, records, offset):
         thread.join()
 
 
-def run_bench(params, clock=time.perf_counter):
+def key_from_env_file(path):
+    """VLLM_API_KEY's value in an environment file of NAME=value lines, or None."""
+    with open(path, encoding="utf-8") as stream:
+        for line in stream:
+            name, sep, value = line.rstrip("\n").partition("=")
+            if sep and name.strip() == "VLLM_API_KEY":
+                return value
+    return None
+
+
+def run_bench(params, api_key=None, clock=time.perf_counter):
     """The measurement: warm-up, then the measured requests; the module's result."""
     model = params["served_model_name"]
     bodies = [body if body.get("model") else dict(body, model=model) for body in params["requests"]]
@@ -710,7 +729,7 @@ def run_bench(params, clock=time.perf_counter):
     concurrency = params["concurrency"]
     duration = params.get("duration_seconds")
     measured = bodies[warmup:]
-    sender = Sender(params["url"], params.get("api_key"), params["timeout"], clock)
+    sender = Sender(params["url"], api_key, params["timeout"], clock)
     progress = Progress(params.get("progress_file"), warmup, None if duration else len(measured), duration, clock)
     records = []
     progress.start()
@@ -753,6 +772,7 @@ def main():
         argument_spec=dict(
             url=dict(type="str", default="http://127.0.0.1:8000"),
             api_key=dict(type="str", no_log=True),
+            api_key_env_file=dict(type="str"),
             served_model_name=dict(type="str", required=True),
             requests=dict(type="list", elements="dict"),
             warmup=dict(type="int", default=0),
@@ -807,7 +827,16 @@ def main():
         problems.append(str(error))
     if problems:
         module.fail_json(msg="; ".join(problems))
-    result = run_bench(params)
+    api_key = params["api_key"]
+    if not api_key and params["api_key_env_file"]:
+        try:
+            api_key = key_from_env_file(params["api_key_env_file"])
+        except (OSError, UnicodeDecodeError) as error:
+            module.fail_json(msg="api_key_env_file %s: %s" % (params["api_key_env_file"], error))
+        if api_key:
+            # Masked wherever the module reports, as an option marked no_log would be.
+            module.no_log_values.add(api_key)
+    result = run_bench(params, api_key)
     # The request bodies are the workload's prompts - megabytes for long-context workloads -
     # and would otherwise travel back in the invocation of every result and the async job file.
     shown = dict(params, requests="%d request bodies" % len(params["requests"]))

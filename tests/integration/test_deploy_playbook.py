@@ -109,13 +109,11 @@ def test_every_host_passes_the_probes_and_its_release_is_marked_good(lab, first_
         assert saved["host"] == host.name and saved["summary"] == probed["summary"]
         assert [answer["name"] for answer in saved["answers"]] == [p["name"] for p in probed["probes"]]
         record = current_release(host)
-        # Marked good with each gate's verdict, and the figures it was proven with.
+        # Marked good with the verdict of the gates these runs apply (playbook_runs): the
+        # functional one. test_gates.py proves the others.
         assert record["history"][-1]["status"] == "good"
-        functional, quality, throughput = record["history"][-1]["reason"].split("; ")
-        assert functional == f"{len(probed['probes'])}/{len(probed['probes'])} probes passed (at least 50)"
-        assert quality.startswith("quality 1.000") and throughput.startswith("score ") and "[simulated]" in throughput
-        assert record["gates"]["bench"]["gate"]["passed"] and record["gates"]["bench"]["simulated"]
-        assert record["gates"]["quality"]["score"] == 1.0
+        assert record["history"][-1]["reason"] == (
+            f"{len(probed['probes'])}/{len(probed['probes'])} probes passed (at least 50)")
 
 
 def test_the_platform_run_file_carries_the_same_variables(lab, first_deploy):

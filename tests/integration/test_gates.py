@@ -20,6 +20,9 @@ pytestmark = pytest.mark.lab
 DEPLOY = "deploy.yml"
 BENCH = "bench.yml"
 GATES_TASK = "Hold the release to every gate"
+# The competition's gates, as the gates role applies them by default (the other test modules'
+# runs apply only the functional one).
+COMPETITION = yaml.safe_load((REPO / "roles" / "gates" / "defaults" / "main.yml").read_text())["gates_competition"]
 # The stand-in's environment as the lab's inventory sets it, its speed included.
 STANDIN_ENV = yaml.safe_load((REPO / "inventory" / "lab" / "group_vars" / "biv100.yml").read_text())["engine_env"]
 
@@ -38,7 +41,7 @@ def figures(release: str, host) -> dict:
 @pytest.fixture(scope="module")
 def first(lab, tmp_path_factory):
     run = run_playbook(DEPLOY, lab.inventory_path, tmp_path_factory.mktemp("first"),
-                       extravars={"serving_release": "sub510"})
+                       extravars={"serving_release": "sub510", "serving_gates": COMPETITION})
     assert run.rc == 0, run.stats
     return run
 
@@ -68,7 +71,7 @@ def test_a_deploy_scores_every_host_and_keeps_the_figures_with_the_release(lab, 
 def test_bench_yml_scores_the_current_release_again_and_changes_nothing(lab, first, tmp_path):
     before, pids = host_state(lab), engine_pids(lab)
 
-    run = run_playbook(BENCH, lab.inventory_path, tmp_path)
+    run = run_playbook(BENCH, lab.inventory_path, tmp_path, extravars={"serving_gates": COMPETITION})
 
     assert run.rc == 0 and not run.hosts_with("changed"), run.stats
     assert host_state(lab) == before and engine_pids(lab) == pids
@@ -113,7 +116,8 @@ def test_a_release_too_slow_misses_the_throughput_gate_and_is_rolled_back(lab, f
     slow = lab.hosts[1]
 
     run = run_playbook(DEPLOY, lab.inventory_path, tmp_path, extravars={
-        "serving_release": "sub511", **on_one_host(slow, BIV100_STANDIN_DECODE_TPS="2000")})
+        "serving_release": "sub511", "serving_gates": COMPETITION,
+        **on_one_host(slow, BIV100_STANDIN_DECODE_TPS="2000")})
 
     assert run.rc != 0 and run.hosts_with("failures") == {slow.name}
     message = gate_failure(run, slow)
@@ -131,7 +135,8 @@ def test_a_release_whose_quality_is_off_by_more_than_the_bound_is_rolled_back(la
     wrong = lab.hosts[2]
 
     run = run_playbook(DEPLOY, lab.inventory_path, tmp_path, limit=wrong.name, extravars={
-        "serving_release": "sub512", **on_one_host(wrong, BIV100_STANDIN_WRONG_SHARE="0.25")})
+        "serving_release": "sub512", "serving_gates": COMPETITION,
+        **on_one_host(wrong, BIV100_STANDIN_WRONG_SHARE="0.25")})
 
     assert run.rc != 0
     message = gate_failure(run, wrong)
@@ -143,7 +148,8 @@ def test_a_release_failing_a_strict_probe_is_rolled_back(lab, first, tmp_path):
     broken = lab.hosts[3]
 
     run = run_playbook(DEPLOY, lab.inventory_path, tmp_path, limit=broken.name, extravars={
-        "serving_release": "sub513", **on_one_host(broken, BIV100_STANDIN_BREAK="json_object")})
+        "serving_release": "sub513", "serving_gates": COMPETITION,
+        **on_one_host(broken, BIV100_STANDIN_BREAK="json_object")})
 
     assert run.rc != 0
     message = gate_failure(run, broken)

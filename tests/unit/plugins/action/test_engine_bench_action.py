@@ -212,10 +212,12 @@ def test_a_passed_gate_the_progress_lines_and_the_results_file(tmp_path, workloa
 
 def test_the_workload_is_expanded_on_the_controller_and_the_bodies_travel(tmp_path, workload, playbook_dir, shown):
     host = Host(tmp_path / "host", final=figures(5900, 20100))
-    run_action(args_for(workload, url="http://127.0.0.1:8011", api_key="k", timeout=30), host, playbook_dir)
+    run_action(args_for(workload, url="http://127.0.0.1:8011", api_key_env_file="/etc/engine.env", timeout=30),
+               host, playbook_dir)
     _name, module_args, _wrapped = host.calls[0]
     assert module_args["requests"] == expand(load_workload(workload), "qwen3_5", 2)
     assert module_args["warmup"] == 1 and module_args["concurrency"] == 2 and module_args["timeout"] == 30
+    assert module_args["api_key_env_file"] == "/etc/engine.env" and "api_key" not in module_args
     assert module_args["progress_file"] == str(tmp_path / "host" / "tmp" / bench_action.PROGRESS_NAME)
     # The options the action reads stay on the controller.
     assert not {"workload", "datasets", "gate", "release", "results_dir", "compare_with", "poll_seconds",
@@ -356,6 +358,10 @@ def test_no_concurrency_is_refused(tmp_path, workload, playbook_dir):
     args = args_for(workload)
     del args["max_num_seqs"]
     refused(args, tmp_path, playbook_dir, "concurrency: give concurrency or max_num_seqs")
+
+
+def test_the_key_itself_is_refused_so_that_it_is_never_written_to_the_host(tmp_path, workload, playbook_dir):
+    refused(args_for(workload, api_key="sk-secret"), tmp_path, playbook_dir, "give api_key_env_file")
 
 
 def test_warmup_beside_a_workload_is_refused(tmp_path, workload, playbook_dir):

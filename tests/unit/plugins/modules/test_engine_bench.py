@@ -246,6 +246,15 @@ def test_the_key_is_sent_as_the_bearer_token_and_returned_nowhere_also_in_check_
     assert SECRET not in json.dumps(result)
 
 
+def test_the_key_can_come_from_the_engines_env_file_on_the_host(engine, run_module, tmp_path):
+    url, state = engine()
+    env_file = tmp_path / "engine.env"
+    env_file.write_text("# Written by biv100.serving\nPYTHONPATH=/x\nVLLM_API_KEY=%s\n" % SECRET)
+    failed, result = run_module(engine_bench, dict(bench_args(url, [chat("a")]), api_key_env_file=str(env_file)))
+    assert not failed and state["received"][0]["authorization"] == "Bearer " + SECRET
+    assert SECRET not in json.dumps(result)
+
+
 def test_concurrency_falls_back_to_max_num_seqs(engine, run_module):
     url, state = engine(delay=0.02)
     args = bench_args(url, [chat(str(n)) for n in range(6)], max_num_seqs=3)
