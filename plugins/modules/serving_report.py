@@ -13,7 +13,7 @@ DOCUMENTATION = r"""
 ---
 module: serving_report
 short_description: Draw a fleet's deployment ledger - plots of every release's figures and a page
-version_added: 0.1.0
+version_added: 0.2.0
 description:
   - Reads the fleet's deployment ledger (C(ledger.jsonl), written by the
     P(biv100.serving.ledger#callback) callback) on the controller and renders into O(dest) three
