@@ -25,7 +25,8 @@ from ansible.errors import AnsibleActionFail
 from ansible.plugins.action import ActionBase
 from ansible.utils.display import Display
 
-from ansible_collections.biv100.serving.plugins.module_utils._bench_figures import DEFAULT_WEIGHTS
+from ansible_collections.biv100.serving.plugins.module_utils import _bench_options
+from ansible_collections.biv100.serving.plugins.module_utils._bench_options import MUTUALLY_EXCLUSIVE, REQUIRED_ONE_OF
 from ansible_collections.biv100.serving.plugins.module_utils._state_store import utc_timestamp
 from ansible_collections.biv100.serving.plugins.plugin_utils._bench_workload import (
     WorkloadError,
@@ -64,39 +65,11 @@ MODULE_OPTIONS = ("url", "api_key_env_file", "served_model_name", "requests", "w
 
 
 def argument_spec() -> dict:
-    """What plugins/modules/engine_bench.py documents (and its argument_spec holds); a unit test
-    checks the two agree. Made anew for each run: validation fills the defaults of suboptions
-    into the default dicts themselves."""
-    return dict(
-        url=dict(type="str", default="http://127.0.0.1:8000"),
-        api_key=dict(type="str", no_log=True),
-        api_key_env_file=dict(type="str"),
-        served_model_name=dict(type="str", required=True),
-        workload=dict(type="str"),
-        datasets=dict(type="dict", default={}),
-        requests=dict(type="list", elements="dict"),
-        warmup=dict(type="int", default=0),
-        concurrency=dict(type="int"),
-        max_num_seqs=dict(type="int"),
-        duration_seconds=dict(type="float"),
-        timeout=dict(type="float", default=600),
-        # A path on the host: expanded there, not on the controller.
-        progress_file=dict(type="str"),
-        weights=dict(type="dict", default={}, options=dict(
-            output=dict(type="float", default=DEFAULT_WEIGHTS["output"]),
-            input=dict(type="float", default=DEFAULT_WEIGHTS["input"]),
-        )),
-        gate=dict(type="float", default=8000),
-        max_failed_fraction=dict(type="float", default=0.05),
-        release=dict(type="str"),
-        results_dir=dict(type="path"),
-        compare_with=dict(type="dict", options=dict(
-            release=dict(type="str", required=True),
-            figures=dict(type="dict", required=True),
-        )),
-        poll_seconds=dict(type="float", default=5),
-        quality=dict(type="dict"),
-    )
+    """The module's options, progress_file taken as text: a host path is expanded on the host,
+    never on the controller."""
+    spec = _bench_options.argument_spec()
+    spec["progress_file"] = dict(type="str")
+    return spec
 
 
 class ActionModule(ActionBase):
@@ -108,8 +81,8 @@ class ActionModule(ActionBase):
         task_vars = task_vars or {}
         _validation, args = self.validate_argument_spec(
             argument_spec=argument_spec(),
-            required_one_of=[("workload", "requests")],
-            mutually_exclusive=[("workload", "requests")],
+            required_one_of=REQUIRED_ONE_OF,
+            mutually_exclusive=MUTUALLY_EXCLUSIVE,
         )
         host = task_vars.get("inventory_hostname", "?")
         if args["api_key"]:

@@ -411,10 +411,14 @@ from urllib.parse import urlsplit
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.biv100.serving.plugins.module_utils._bench_figures import (
-    DEFAULT_WEIGHTS,
     compute,
     new_record,
     rounded,
+)
+from ansible_collections.biv100.serving.plugins.module_utils._bench_options import (
+    MUTUALLY_EXCLUSIVE,
+    REQUIRED_ONE_OF,
+    argument_spec,
 )
 
 CHAT_PATH = "/v1/chat/completions"
@@ -769,39 +773,9 @@ def run_bench(params, api_key=None, clock=time.perf_counter):
 
 def main():
     module = AnsibleModule(
-        argument_spec=dict(
-            url=dict(type="str", default="http://127.0.0.1:8000"),
-            api_key=dict(type="str", no_log=True),
-            api_key_env_file=dict(type="str"),
-            served_model_name=dict(type="str", required=True),
-            requests=dict(type="list", elements="dict"),
-            warmup=dict(type="int", default=0),
-            concurrency=dict(type="int"),
-            max_num_seqs=dict(type="int"),
-            duration_seconds=dict(type="float"),
-            timeout=dict(type="float", default=600),
-            progress_file=dict(type="path"),
-            weights=dict(type="dict", default={}, options=dict(
-                output=dict(type="float", default=DEFAULT_WEIGHTS["output"]),
-                input=dict(type="float", default=DEFAULT_WEIGHTS["input"]),
-            )),
-            # Read by the action of the same name, which sends the module only the requests it
-            # makes of them; here so that the documentation is checked against one spec.
-            workload=dict(type="str"),
-            datasets=dict(type="dict", default={}),
-            gate=dict(type="float", default=8000),
-            max_failed_fraction=dict(type="float", default=0.05),
-            release=dict(type="str"),
-            results_dir=dict(type="path"),
-            compare_with=dict(type="dict", options=dict(
-                release=dict(type="str", required=True),
-                figures=dict(type="dict", required=True),
-            )),
-            poll_seconds=dict(type="float", default=5),
-            quality=dict(type="dict"),
-        ),
-        required_one_of=[("requests", "workload")],
-        mutually_exclusive=[("requests", "workload")],
+        argument_spec=argument_spec(),
+        required_one_of=REQUIRED_ONE_OF,
+        mutually_exclusive=MUTUALLY_EXCLUSIVE,
         supports_check_mode=True,
     )
     params = module.params
