@@ -31,12 +31,22 @@ class Engine(BaseHTTPRequestHandler):
                                       "at": time.monotonic()})
             state["in_flight"] += 1
             state["most_in_flight"] = max(state["most_in_flight"], state["in_flight"])
+        self.body, self.left = body, False
         try:
             self.answer(body, state)
         finally:
-            with state["lock"]:
-                state["in_flight"] -= 1
-                state["ended"].append((body["messages"][0]["content"], time.monotonic()))
+            self.leave()
+
+    def leave(self):
+        """The request no longer counts as in flight: called before its last bytes are written,
+        since the client may send its next request as soon as they arrive."""
+        if self.left:
+            return
+        self.left = True
+        state = self.server.state
+        with state["lock"]:
+            state["in_flight"] -= 1
+            state["ended"].append((self.body["messages"][0]["content"], time.monotonic()))
 
     def answer(self, body, state):
         if body.get("x_status"):
@@ -62,6 +72,7 @@ class Engine(BaseHTTPRequestHandler):
         self.wfile.write(b": ping\n\n")
         if (body.get("stream_options") or {}).get("include_usage"):
             self.event({"choices": [], "usage": usage})
+        self.leave()
         self.wfile.write(b"data: [DONE]\n\n")
 
     def event(self, document):
@@ -76,6 +87,7 @@ class Engine(BaseHTTPRequestHandler):
         if self.server.state["simulated"]:
             self.send_header("x-biv100-simulated", "1")
         self.end_headers()
+        self.leave()
         self.wfile.write(data)
 
     def log_message(self, format, *args):
