@@ -10,8 +10,9 @@ export PATH := $(CURDIR)/$(BIN):$(PATH)
 LAB_HOSTS ?= 4
 # The inventory whose fleet `make report` draws (its ledger is ledger/<fleet>).
 REPORT_INVENTORY ?= inventory/lab
-# git: ansible-test lists the collection's files with it.
-DEBIAN_PACKAGES := openssh-server openssh-client iproute2 python3-venv git
+# git: ansible-test lists the collection's files with it. dash and shellcheck: the submission
+# bundle's patch_ops.sh is run under the platform's sh and must pass shellcheck.
+DEBIAN_PACKAGES := openssh-server openssh-client iproute2 python3-venv git dash shellcheck
 # ansible-test sanity compiles and imports the host-side code on each of these that is installed
 # (the hosts run Python 3.8 and later); the controller's own Python runs every other test.
 SANITY_PYTHONS := 3.8 3.9 3.10 3.11 3.12 3.13

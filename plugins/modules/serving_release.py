@@ -64,6 +64,14 @@ options:
     description: With O(keep_good), failed releases younger than this many days are kept.
     type: int
     default: 14
+  export:
+    description:
+      - Also return what a submission bundle is built from (M(biv100.serving.serving_submission))
+        - the release's whole record, the bytes of every file it installed, and the vendor's
+        sha256 of every serving-layer file - and, for a release this host lacks, a null
+        RV(status) instead of failing. Reads only; O(status) cannot be given with it.
+    type: bool
+    default: false
 extends_documentation_fragment:
   - biv100.serving.posix_host
   - ansible.builtin.action_common_attributes
@@ -87,6 +95,13 @@ EXAMPLES = r"""
   biv100.serving.serving_release:
     package_root: "{{ ansible_facts.vllm_facts.package_root }}"
     status: good
+
+- name: Read what a submission bundle is built from
+  biv100.serving.serving_release:
+    package_root: "{{ ansible_facts.vllm_facts.package_root }}"
+    release: sub510
+    export: true
+  register: exported
 
 - name: Check that the installed serving files are the current release's
   biv100.serving.serving_release:
@@ -144,11 +159,38 @@ quality_baseline:
   returned: always
   type: dict
   sample: {release: sub168, score: 0.969}
+record:
+  description: The release's record as the store holds it; null when the host lacks the release.
+  returned: with O(export)
+  type: dict
+  sample: {id: sub510, status: good, digests: {entrypoints/openai/serving_chat.py: 9b1c...}}
+files:
+  description: The base64 bytes of every file the release installed, by package path.
+  returned: with O(export)
+  type: dict
+  sample: {entrypoints/openai/serving_chat.py: "IyBTUERYLUxpY2Vuc2UtSWRlbnRpZmllcjog..."}
+vendor:
+  description:
+    - The sha256 of the vendor's own file (its kept pristine copy where the collection overlaid
+      it) at every path of the serving layer and of the release, null where the vendor has none.
+    - A path that leads through a link or is not a regular file is left out and named in RV(unsafe).
+  returned: with O(export)
+  type: dict
+  sample: {model_executor/models/registry.py: 4e07..., entrypoints/openai/protocol.py: 77d1...}
+unsafe:
+  description: Why each serving-layer path left out of RV(vendor) was.
+  returned: with O(export)
+  type: dict
+  sample: {entrypoints/openai/extra.py: "entrypoints/openai/extra.py is a symlink"}
 """
+
+import base64
+import os
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.biv100.serving.plugins.module_utils._no_follow import Tree, UnsafePath
 from ansible_collections.biv100.serving.plugins.module_utils._release_retention import prune
+from ansible_collections.biv100.serving.plugins.module_utils._serving_layer import REGISTRY, SERVING_TREES
 from ansible_collections.biv100.serving.plugins.module_utils._state_store import (
     DEFAULT_STATE_DIR,
     StateDir,
@@ -208,6 +250,39 @@ def last_good(store, record):
     return {"release": release, "gates": read_json(store.release_record(release)).get("gates")}
 
 
+def serving_paths(package_root):
+    """Every file under the serving trees, found without following a link (a linked folder is
+    not descended into: the vendor's tree has none, and its files would not be the package's)."""
+    paths = [REGISTRY]
+    for tree in SERVING_TREES:
+        top = os.path.join(package_root, tree.rstrip("/"))
+        for folder, folders, names in os.walk(top):
+            folders[:] = sorted(name for name in folders if name != "__pycache__")
+            relative = os.path.relpath(folder, package_root).replace(os.sep, "/")
+            paths.extend(relative + "/" + name for name in names if not name.endswith(".pyc"))
+    return paths
+
+
+def export(store, package_root, release, record):
+    """What a submission bundle is built from: the record, the installed bytes, the vendor's digests."""
+    staged = Tree(store.release_dir(release))
+    files, vendor, unsafe = {}, {}, {}
+    for path, digest in sorted((record.get("digests") or {}).items()):
+        if digest is not None:
+            data = staged.read("files/" + path)
+            if data is None:
+                raise UnsafePath(path, store.release_file(release, path), "is missing from the release")
+            files[path] = base64.b64encode(data).decode("ascii")
+    kept = read_json(store.base_index) or {}
+    package = Tree(package_root)
+    for path in sorted(set(serving_paths(package_root)) | set(record.get("digests") or {})):
+        try:
+            vendor[path] = kept[path] if path in kept else package.digest(path)
+        except UnsafePath as error:
+            unsafe[path] = str(error)
+    return dict(record=record, files=files, vendor=vendor, unsafe=unsafe)
+
+
 def main():
     module = AnsibleModule(
         argument_spec=dict(
@@ -221,7 +296,9 @@ def main():
             quality_baseline=dict(type="str", default="first_good"),
             keep_good=dict(type="int"),
             keep_failed_days=dict(type="int", default=14),
+            export=dict(type="bool", default=False),
         ),
+        mutually_exclusive=[("export", "status")],
         supports_check_mode=True,
     )
     params = module.params
@@ -241,6 +318,16 @@ def main():
                          drift=[], files=0, removed=[], gates=params["gates"], last_good=None,
                          quality_baseline=quality_baseline(module, store, params["quality_baseline"]),
                          msg="release %s would be staged and marked %s" % (release, params["status"]))
+    if params["export"]:
+        if record is None:
+            module.exit_json(changed=False, release=release, status=None, record=None, files={},
+                             vendor={}, unsafe={}, msg="release %s has no record in %s" % (release, store.root))
+        try:
+            exported = export(store, params["package_root"], release, record)
+        except UnsafePath as error:
+            module.fail_json(msg="release %s cannot be exported: %s" % (release, error))
+        module.exit_json(changed=False, release=release, status=record.get("status"),
+                         msg="release %s: %s" % (release, record.get("status")), **exported)
     if record is None:
         module.fail_json(msg="release %s has no record in %s" % (release, store.root))
 

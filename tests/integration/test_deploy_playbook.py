@@ -39,7 +39,7 @@ from lab_files import (
     package_file,
     serving_digests,
 )
-from playbook_runs import REPO, run_playbook, start_playbook
+from playbook_runs import ONE_BATCH, REPO, run_playbook, start_playbook
 
 import lab as lab_builder
 
@@ -50,8 +50,6 @@ VERIFY = "verify.yml"
 FINDINGS_TASK = "Report every finding"
 PROTECTED = "sequence.py"
 PROBE_TASK = "Probe the engine with the functional suites"
-# All hosts in one batch: the runs that test staging, not the canary rollout, take half the time.
-ONE_BATCH = {"serving_serial": ["100%"]}
 
 pytestmark = pytest.mark.lab
 
@@ -59,7 +57,7 @@ pytestmark = pytest.mark.lab
 @pytest.fixture(scope="module")
 def first_deploy(lab, tmp_path_factory):
     return run_playbook(DEPLOY, lab.inventory_path, tmp_path_factory.mktemp("first"),
-                        extravars={"serving_release": "sub510"})
+                        extravars={"serving_release": "sub510", **ONE_BATCH})
 
 
 def test_the_payload_lands_where_it_applies(lab, first_deploy):
@@ -116,8 +114,9 @@ def test_every_host_passes_the_probes_and_its_release_is_marked_good(lab, first_
             f"{len(probed['probes'])}/{len(probed['probes'])} probes passed (at least 50)")
 
 
-def test_the_platform_run_file_carries_the_same_variables(lab, first_deploy):
-    document = yaml.safe_load((REPO / "build" / "computility-run.yaml").read_text())
+def test_the_release_records_the_platform_run_file_of_the_same_variables(lab, first_deploy):
+    # What submission.yml puts in the bundle as computility-run.yaml, byte for byte.
+    document = yaml.safe_load(current_release(lab.hosts[0])["engine"]["platform_run"])
     assert document["env"]["PYTORCH_CUDA_ALLOC_CONF"] == "garbage_collection_threshold:0.8,max_split_size_mb:512"
     parameters = document["parameters"]
     assert {key: parameters[key] for key in SUB168_ARGS} == SUB168_ARGS

@@ -11,7 +11,7 @@ import json
 import pytest
 import yaml
 from lab_files import ALL_PROBES_PASSED, REPO, STATE, current_release, engine_pids, host_state
-from playbook_runs import run_playbook
+from playbook_runs import ONE_BATCH, run_playbook
 
 from engine_standin import speed_model
 
@@ -41,7 +41,7 @@ def figures(release: str, host) -> dict:
 @pytest.fixture(scope="module")
 def first(lab, tmp_path_factory):
     run = run_playbook(DEPLOY, lab.inventory_path, tmp_path_factory.mktemp("first"),
-                       extravars={"serving_release": "sub510", "serving_gates": COMPETITION})
+                       extravars={"serving_release": "sub510", "serving_gates": COMPETITION, **ONE_BATCH})
     assert run.rc == 0, run.stats
     return run
 

@@ -23,7 +23,7 @@ from lab_files import (
     overlay,
     package_file,
 )
-from playbook_runs import run_playbook
+from playbook_runs import ONE_BATCH, run_playbook
 
 pytestmark = pytest.mark.lab
 
@@ -79,7 +79,7 @@ def snapshots():
 @pytest.fixture(scope="module")
 def release_a(lab, tmp_path_factory, snapshots):
     run = run_playbook(DEPLOY, lab.inventory_path, tmp_path_factory.mktemp("a"),
-                       extravars={"serving_release": "sub510"})
+                       extravars={"serving_release": "sub510", **ONE_BATCH})
     assert run.rc == 0, run.stats
     for host in lab.hosts:
         snapshots[host.name, "sub510"] = serving_files(host)

@@ -22,7 +22,8 @@ LEFT_BY_TOOLS_AND_RUNS = [
     ".ruff_cache/content",
     "plugins/callback/__pycache__/ledger.cpython-311.pyc",       # Python
     "build/probes/20261129T200000Z-1/lab-h1.json",               # the probe role
-    "build/computility-run.yaml",                                # the engine role
+    "build/submissions/sub510/patch_ops.sh",                     # submission.yml
+    "build/submissions/sub510.tar.gz",
     "build/ee/Containerfile",                                    # ansible-builder, as documented
     "context/Containerfile",                                     # ansible-builder's default context
     "artifacts/0f1e/stdout",                                     # ansible-runner

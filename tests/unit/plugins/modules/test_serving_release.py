@@ -164,3 +164,67 @@ def test_a_named_quality_baseline_is_that_releases_own_score_or_a_clear_error(re
 
     missing = release(quality_baseline="sub100")
     assert missing.failed and "quality_baseline sub100" in missing.result["msg"]
+
+
+def with_release_files(store, registry_pristine=b"vendor registry\n"):
+    """The release's own copy of serving_chat.py, the vendor's protocol.py installed, and a kept
+    pristine registry.py whose installed file the release changed."""
+    staged = store["state"] / "releases" / "sub510" / "files" / SERVING_CHAT
+    staged.parent.mkdir(parents=True)
+    staged.write_bytes(b"release content\n")
+    (store["package"] / "entrypoints" / "openai" / "protocol.py").write_bytes(b"vendor protocol\n")
+    registry = store["package"] / "model_executor" / "models" / "registry.py"
+    registry.parent.mkdir(parents=True)
+    registry.write_bytes(b"patched registry\n")
+    base = store["state"] / "base"
+    base.mkdir()
+    (base / "index.json").write_text(json.dumps({"model_executor/models/registry.py": sha256(registry_pristine)}))
+
+
+def test_export_returns_the_record_the_installed_bytes_and_the_vendors_digests(release, store):
+    with_release_files(store)
+    (store["package"] / "entrypoints" / "openai" / "__pycache__").mkdir()
+    (store["package"] / "entrypoints" / "openai" / "__pycache__" / "protocol.cpython-311.pyc").write_bytes(b"x")
+
+    exported = release(release="sub510", export=True).result
+
+    assert (exported["changed"], exported["status"]) == (False, "pending")
+    assert exported["record"]["digests"] == {SERVING_CHAT: sha256(b"release content\n"), DROPPED: None}
+    assert exported["files"] == {SERVING_CHAT: "cmVsZWFzZSBjb250ZW50Cg=="}
+    # The kept pristine copy stands for the vendor's file where the collection overlaid it; a
+    # byte-code cache is no file of the vendor's.
+    assert exported["vendor"] == {
+        DROPPED: None,
+        "entrypoints/openai/protocol.py": sha256(b"vendor protocol\n"),
+        SERVING_CHAT: sha256(b"release content\n"),
+        "model_executor/models/registry.py": sha256(b"vendor registry\n"),
+    }
+    assert exported["unsafe"] == {}
+
+
+def test_export_of_a_release_the_host_lacks_says_so_without_failing(release, store):
+    exported = release(release="sub999", export=True).result
+    assert (exported.get("failed"), exported["status"], exported["record"]) == (None, None, None)
+
+
+def test_export_names_a_serving_file_reached_through_a_link_and_leaves_it_out(release, store, tmp_path):
+    with_release_files(store)
+    (tmp_path / "elsewhere.py").write_bytes(b"not the vendor's\n")
+    os.symlink(tmp_path / "elsewhere.py", store["package"] / "entrypoints" / "openai" / "linked.py")
+
+    exported = release(release="sub510", export=True).result
+
+    assert "entrypoints/openai/linked.py" not in exported["vendor"]
+    assert "symlink" in exported["unsafe"]["entrypoints/openai/linked.py"]
+
+
+def test_export_fails_naming_a_file_missing_from_the_release(release, store):
+    with_release_files(store)
+    (store["state"] / "releases" / "sub510" / "files" / SERVING_CHAT).unlink()
+    failed = release(release="sub510", export=True).result
+    assert failed["failed"] and SERVING_CHAT in failed["msg"] and "missing from the release" in failed["msg"]
+
+
+def test_export_and_status_cannot_be_asked_together(release, store):
+    failed = release(release="sub510", export=True, status="good").result
+    assert failed["failed"] and "mutually exclusive" in failed["msg"]
