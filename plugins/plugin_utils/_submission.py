@@ -14,7 +14,7 @@ base64) and the vendor's digest of every file involved (`vendor`). From them:
   vendor has that a release would remove), each refusal naming the host and the path;
 - the bundle's files: computility-run.yaml (the run document the deploy recorded, verbatim),
   patch_ops.sh (plugin_utils/_patch_ops.py), MANIFEST, files/<variant>/<path>, README.md and
-  SHA256SUMS, as the contract of the submission bundle (issue 13) lays them out;
+  SHA256SUMS (README.md, "The platform's submission bundle", describes them);
 - archive(bundle): the folder as a reproducible .tar.gz.
 
 A variant is one vendor base: the hosts whose vendor files have the same digests at every path

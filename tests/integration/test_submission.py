@@ -162,6 +162,7 @@ def test_restore_brings_back_the_vendors_tree(lab, twins, bundles):
         now = {path.relative_to(root).as_posix(): hashlib.sha256(path.read_bytes()).hexdigest()
                for path in root.rglob("*") if path.is_file()}
         assert now == twin.package_sha256, twin.name
+        assert not twin.path(f"{twin.package_root}.patch-ops-backup").exists()
 
 
 def test_a_rebuild_changes_nothing_and_its_archive_is_byte_identical(lab, bundles, tmp_path):
@@ -179,16 +180,22 @@ def test_a_rebuild_changes_nothing_and_its_archive_is_byte_identical(lab, bundle
         assert {member.mtime for member in members.getmembers()} == {0}
 
 
-def test_a_bundle_for_another_base_is_refused_and_changes_nothing(lab, twins, bundles):
-    vendor_twin = twins[0][1]
-    before = tree_of(vendor_twin)
-
-    # The upstream host's registry.py is not the vendor's: no variant of its bundle fits.
-    refused = patch_ops(lab, vendor_twin, bundles["upstream"])
+def test_a_base_the_bundle_was_not_made_for_is_refused_and_changes_nothing(lab, twins, bundles):
+    twin = twins[0][1]
+    chat = twin.path(f"{twin.package_root}/entrypoints/openai/serving_chat.py")
+    vendors = chat.read_bytes()
+    # Another build of the base: one serving file the bundle patches is not the one it knows.
+    chat.write_bytes(vendors + b"# another vendor build\n")
+    before = tree_of(twin)
+    try:
+        refused = patch_ops(lab, twin, bundles["vendor"])
+        after = tree_of(twin)
+    finally:
+        chat.write_bytes(vendors)
 
     assert refused.returncode == 1, refused.stdout + refused.stderr
-    assert "model_executor/models/registry.py" in refused.stdout + refused.stderr
-    assert tree_of(vendor_twin) == before
+    assert "entrypoints/openai/serving_chat.py is sha256" in refused.stdout + refused.stderr
+    assert after == before
 
 
 def test_a_tampered_bundle_is_refused_and_changes_nothing(lab, twins, bundles, tmp_path):

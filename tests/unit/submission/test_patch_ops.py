@@ -282,8 +282,10 @@ def test_restore_brings_back_the_vendors_tree_byte_for_byte(case):
     assert lines(restored.stdout)[-1] == f"patch_ops: {RELEASE}: restored 4 file(s) - OK"
     assert f"  removed   {NEW_PARSER}" in lines(restored.stdout)
     assert snapshot(case.root) == pristine != installed
+    # The backup goes once the vendor's files are back: nothing is left to restore.
+    assert not case.backup.exists()
     assert again.returncode == 0, again.stderr
-    assert lines(again.stdout)[-1] == f"patch_ops: {RELEASE}: restored 0 file(s) - OK"
+    assert lines(again.stdout)[-1] == f"patch_ops: no backup at {case.backup}: nothing to restore"
 
 
 def test_restore_without_a_backup_changes_nothing(case):

@@ -134,7 +134,7 @@ NEW_ID = variant_id([(CHAT, sha(BASES["0.11.0"][CHAT])), (PARSER, None),
 # --- what the bundle holds -----------------------------------------------------------------------
 
 
-def test_the_bundle_holds_the_contracts_files_in_byte_order_with_their_modes():
+def test_the_bundle_holds_its_files_in_byte_order_with_their_modes():
     bundle = build("sub510", fleet())
 
     assert list(bundle.files) == sorted(
