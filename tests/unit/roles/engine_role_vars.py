@@ -1,5 +1,5 @@
-"""Render the engine role's variables and its run-file task as Ansible does, from an inventory
-given as YAML (inline `!vault` values included), in a process of its own.
+"""Render the engine role's variables as Ansible does, from an inventory given as YAML (inline
+`!vault` values included), in a process of its own.
 
 The role's filters resolve through Ansible's collection loader, which is installed once per
 process and would change how every other test imports the collection: the tests run this file
@@ -19,7 +19,6 @@ from ansible.template import Templar
 
 REPO = Path(__file__).resolve().parents[3]
 ROLE = REPO / "roles" / "engine"
-RUN_FILE_TASK = "Write the platform's run file from the same variables"
 
 # What the facts role would have learned on a host of four free GPUs.
 FACTS = {
@@ -42,9 +41,8 @@ def render(request: dict) -> dict:
     variables.update(loader.load(request["inventory"]) or {})
     templar = Templar(loader=loader, variables=variables)
     rendered = {name: templar.template(variables[name]) for name in request["names"]}
-    tasks = loader.load_from_file(str(ROLE / "tasks" / "main.yml"), trusted_as_template=True)
-    run_file = next(task for task in tasks if task["name"] == RUN_FILE_TASK)
-    rendered["run_file"] = templar.template(run_file["ansible.builtin.copy"]["content"])
+    # The platform's run file, as a release records it and the submission bundle carries it.
+    rendered["run_file"] = templar.template(variables["engine_platform_run"])
     return rendered
 
 

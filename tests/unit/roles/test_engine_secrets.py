@@ -21,8 +21,8 @@ REPO = Path(__file__).resolve().parents[3]
 RENDERER = Path(__file__).with_name("engine_role_vars.py")
 VAULT_PASSWORD = "biv100-unit-vault-password"
 SECRET = "sk-biv100-unit-5e3f0a7c9b1d"
-RENDERED = ["engine_env_file_content", "engine_launch", "engine_settings", "engine_platform_env",
-            "engine_platform_secret_env", "engine_secret_problems"]
+RENDERED = ["engine_env_file_content", "engine_launch", "engine_settings", "engine_record",
+            "engine_platform_env", "engine_platform_secret_env", "engine_secret_problems"]
 
 
 def vault_inline(value: str) -> str:
@@ -52,6 +52,7 @@ def test_a_vault_encrypted_key_reaches_the_env_file(vaulted):
 def test_the_key_is_on_no_command_line_release_record_or_platform_file(vaulted):
     assert SECRET not in json.dumps(vaulted["engine_launch"])
     assert SECRET not in json.dumps(vaulted["engine_settings"])
+    assert SECRET not in json.dumps(vaulted["engine_record"])
     assert SECRET not in json.dumps(vaulted["engine_platform_env"])
     assert SECRET not in vaulted["run_file"]
 
@@ -63,6 +64,8 @@ def test_a_release_record_says_a_key_was_set_and_not_which(vaulted):
 
 
 def test_the_platform_file_names_the_key_without_its_value(vaulted):
+    # A release records the very text the submission bundle carries.
+    assert vaulted["engine_record"]["platform_run"] == vaulted["run_file"]
     run_file = yaml.safe_load(vaulted["run_file"])
     assert run_file["secret_env"] == ["VLLM_API_KEY"] and "VLLM_API_KEY" not in run_file["env"]
     assert "secret_env" not in yaml.safe_load(render()["run_file"])
