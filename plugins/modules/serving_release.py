@@ -164,7 +164,7 @@ record:
   returned: with O(export)
   type: dict
   sample: {id: sub510, status: good, digests: {entrypoints/openai/serving_chat.py: 9b1c...}}
-files:
+contents:
   description: The base64 bytes of every file the release installed, by package path.
   returned: with O(export)
   type: dict
@@ -266,13 +266,13 @@ def serving_paths(package_root):
 def export(store, package_root, release, record):
     """What a submission bundle is built from: the record, the installed bytes, the vendor's digests."""
     staged = Tree(store.release_dir(release))
-    files, vendor, unsafe = {}, {}, {}
+    contents, vendor, unsafe = {}, {}, {}
     for path, digest in sorted((record.get("digests") or {}).items()):
         if digest is not None:
             data = staged.read("files/" + path)
             if data is None:
                 raise UnsafePath(path, store.release_file(release, path), "is missing from the release")
-            files[path] = base64.b64encode(data).decode("ascii")
+            contents[path] = base64.b64encode(data).decode("ascii")
     kept = read_json(store.base_index) or {}
     package = Tree(package_root)
     for path in sorted(set(serving_paths(package_root)) | set(record.get("digests") or {})):
@@ -280,7 +280,7 @@ def export(store, package_root, release, record):
             vendor[path] = kept[path] if path in kept else package.digest(path)
         except UnsafePath as error:
             unsafe[path] = str(error)
-    return dict(record=record, files=files, vendor=vendor, unsafe=unsafe)
+    return dict(record=record, contents=contents, vendor=vendor, unsafe=unsafe)
 
 
 def main():
@@ -320,7 +320,7 @@ def main():
                          msg="release %s would be staged and marked %s" % (release, params["status"]))
     if params["export"]:
         if record is None:
-            module.exit_json(changed=False, release=release, status=None, record=None, files={},
+            module.exit_json(changed=False, release=release, status=None, record=None, contents={},
                              vendor={}, unsafe={}, msg="release %s has no record in %s" % (release, store.root))
         try:
             exported = export(store, params["package_root"], release, record)

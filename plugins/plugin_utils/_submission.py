@@ -5,7 +5,7 @@
 
 Controller side (Python 3.11, standard library and the collection's own code). The input is one
 export per named host, as biv100.serving.serving_release returns it with `export: true`: the
-release's status and record on that host, the bytes the release installed there (`files`,
+release's status and record on that host, the bytes the release installed there (`contents`,
 base64) and the vendor's digest of every file involved (`vendor`). From them:
 
 - build(release, hosts, reference=, force=): decides what the bundle holds and refuses what it
@@ -141,7 +141,7 @@ class _Host:
     interpreter: str
     status: str
     record: dict
-    files: dict
+    contents: dict  # path -> base64 of the bytes the release installed there
     vendor: dict
     unsafe: dict  # path -> why the host could not read the vendor's file there
 
@@ -235,14 +235,14 @@ def _host(release: str, entry: dict) -> _Host:
     record = export.get("record")
     if not isinstance(record, dict):
         raise SubmissionError(f"host {name}: release {release} has no record in its export")
-    for key in ("files", "vendor"):
+    for key in ("contents", "vendor"):
         if not isinstance(export.get(key), dict):
             raise SubmissionError(f"host {name}: the export of release {release} has no {key} mapping")
     interpreter = entry.get("interpreter")
     if not isinstance(interpreter, str) or not interpreter:
         raise SubmissionError(f"host {name}: no interpreter (vllm_facts' interpreter on that host)")
     unsafe = export.get("unsafe") if isinstance(export.get("unsafe"), dict) else {}
-    return _Host(name, interpreter, export["status"], record, export["files"], export["vendor"], unsafe)
+    return _Host(name, interpreter, export["status"], record, export["contents"], export["vendor"], unsafe)
 
 
 def _listed(pairs) -> str:
@@ -352,7 +352,7 @@ def _content(members: list[_Host], row: Row) -> bytes:
     """The installed bytes of a path, as every host of the variant kept them, checked by sha256."""
     found = None
     for host in members:
-        encoded = host.files.get(row.path)
+        encoded = host.contents.get(row.path)
         if not isinstance(encoded, str):
             raise SubmissionError(f"host {host.name}: the export holds no content for {row.path} "
                                   f"(releases/<id>/files/{row.path} on the host)")

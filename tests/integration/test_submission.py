@@ -22,7 +22,7 @@ import pytest
 import yaml
 from lab_files import current_release
 from lab_guard import refuse_unless_the_lab_can_be_built
-from playbook_runs import ONE_BATCH, REPO, run_playbook
+from playbook_runs import ONE_BATCH, run_playbook
 
 import lab as lab_builder
 

@@ -120,9 +120,9 @@ class Case:
         for name in ("python3", "python"):
             (self.plain_pythons / name).symlink_to(sys.executable)
 
-    def tree(self, files: dict = VENDOR, root: Path | None = None) -> Path:
+    def tree(self, files: dict | None = None, root: Path | None = None) -> Path:
         root = root or self.root
-        for path, data in files.items():
+        for path, data in (VENDOR if files is None else files).items():
             write(root / path, data, VENDOR_MODES.get(path, 0o644))
         return root
 

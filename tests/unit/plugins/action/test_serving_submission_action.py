@@ -43,7 +43,7 @@ def host(name, installed=None, status="good", run=RUN):
               "history": [{"status": status, "at": "2026-12-01T10:20:00Z", "reason": "75/75 probes passed"}]}
     return {"name": name, "interpreter": "/usr/local/corex/bin/python3",
             "export": {"release": "sub510", "status": status, "record": record,
-                       "files": {path: base64.b64encode(data).decode() for path, data in installed.items()},
+                       "contents": {path: base64.b64encode(data).decode() for path, data in installed.items()},
                        "vendor": vendor}}
 
 

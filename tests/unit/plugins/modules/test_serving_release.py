@@ -190,7 +190,7 @@ def test_export_returns_the_record_the_installed_bytes_and_the_vendors_digests(r
 
     assert (exported["changed"], exported["status"]) == (False, "pending")
     assert exported["record"]["digests"] == {SERVING_CHAT: sha256(b"release content\n"), DROPPED: None}
-    assert exported["files"] == {SERVING_CHAT: "cmVsZWFzZSBjb250ZW50Cg=="}
+    assert exported["contents"] == {SERVING_CHAT: "cmVsZWFzZSBjb250ZW50Cg=="}
     # The kept pristine copy stands for the vendor's file where the collection overlaid it; a
     # byte-code cache is no file of the vendor's.
     assert exported["vendor"] == {

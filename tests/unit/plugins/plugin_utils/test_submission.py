@@ -94,7 +94,7 @@ def export(version="0.10.1.1", status="good", run=RUN, **record_fields):
         "release": "sub510",
         "status": status,
         "record": record,
-        "files": {path: base64.b64encode(INSTALLED[path]).decode("ascii") for path in paths},
+        "contents": {path: base64.b64encode(INSTALLED[path]).decode("ascii") for path in paths},
         "vendor": {path: sha(data) if data is not None else None for path, data in BASES[version].items()},
     }
 
@@ -274,7 +274,7 @@ def test_two_hosts_of_one_base_that_installed_different_files_are_refused_naming
     hosts = fleet()
     other = b"# another chat\n"
     hosts[1]["export"]["record"]["digests"][CHAT] = sha(other)
-    hosts[1]["export"]["files"][CHAT] = base64.b64encode(other).decode()
+    hosts[1]["export"]["contents"][CHAT] = base64.b64encode(other).decode()
     with pytest.raises(SubmissionError, match=(
             f"^hosts h1 and h2 have the same vendor base but installed different files at {CHAT} "
             fr"\(sha256 {sha(INSTALLED[CHAT])[:12]}\.\.\. and sha256 {sha(other)[:12]}\.\.\.\)$")):
@@ -293,10 +293,10 @@ def test_a_release_that_removes_a_vendor_file_is_refused():
 def test_kept_bytes_that_are_not_the_recorded_ones_are_refused():
     hosts = fleet()
     tampered = b"# tampered\n"
-    hosts[1]["export"]["files"][CHAT] = base64.b64encode(tampered).decode()
+    hosts[1]["export"]["contents"][CHAT] = base64.b64encode(tampered).decode()
     with pytest.raises(SubmissionError, match=f"^host h2: the kept content of {CHAT} has sha256 {sha(tampered)}, "):
         build("sub510", hosts)
-    del hosts[1]["export"]["files"][CHAT]
+    del hosts[1]["export"]["contents"][CHAT]
     with pytest.raises(SubmissionError, match=f"^host h2: the export holds no content for {CHAT} "):
         build("sub510", hosts)
 
