@@ -85,6 +85,11 @@ class ActionModule(ActionBase):
             mutually_exclusive=MUTUALLY_EXCLUSIVE,
         )
         host = task_vars.get("inventory_hostname", "?")
+        instance = args["instance"]
+        if instance is not None and (not instance or "/" in instance or instance.startswith(".")):
+            raise AnsibleActionFail(f"instance must be a plain name such as vllm-1, got {instance!r}")
+        # How the progress, the messages and the results name the engine measured.
+        label = f"{host}/{instance}" if instance else host
         if args["api_key"]:
             # The job's arguments are written to a file on the host for async_wrapper to read.
             raise AnsibleActionFail("engine_bench runs as an async job, whose arguments Ansible writes to a file "
@@ -124,14 +129,14 @@ class ActionModule(ActionBase):
         module_args["concurrency"] = concurrency
 
         started_at = utc_timestamp()
-        answer = self._run_async(module_args, task_vars, host, args["poll_seconds"])
+        answer = self._run_async(module_args, task_vars, label, args["poll_seconds"])
         self._remove_tmp_path(self._connection._shell.tmpdir)
         if answer.get("failed"):
             answer["msg"] = f"{answer.get('msg', 'the benchmark failed')}{_mark(answer.get('simulated'))}"
             answer["changed"] = False  # wrap_async marks every start changed; a bench changes nothing
             return answer
 
-        verdict = judge(answer, args, workload, host)
+        verdict = judge(answer, args, workload, label)
         verdict["started"], verdict["finished"] = started_at, utc_timestamp()
         result.update({key: answer[key] for key in ("concurrency", "warmup", "failures", "progress_error")
                        if key in answer})
@@ -140,7 +145,7 @@ class ActionModule(ActionBase):
         result["results_file"] = None
         if args["release"] and not self._task.check_mode:
             folder = args["results_dir"] or os.path.join(self._loader.get_basedir(), "build", "bench")
-            path = os.path.join(self._loader.path_dwim(folder), args["release"], f"{host}.json")
+            path = os.path.join(self._loader.path_dwim(folder), args["release"], f"{label}.json")
             write_results(path, results_document(verdict, answer, args))
             result["results_file"] = path
         return result

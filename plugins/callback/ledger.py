@@ -154,24 +154,39 @@ class CallbackModule(CallbackBase):
             if answer.get("log_tail"):
                 # A failed engine start's own words, for the post-mortem.
                 entry["failure_log_tail"] = answer["log_tail"]
+        # The engine instance the next results are about, on a host that runs several: the one
+        # engine_process ran or checked, or the one the deploy's instance loop entered.
+        focus = (answer.get("ansible_facts") or {}).get("serving_phase_instance")
         if not action.startswith(COLLECTION):
+            if focus:
+                entry["_focus"] = focus
             return
-        record = RECORDERS.get(action[len(COLLECTION):])
+        name = action[len(COLLECTION):]
+        if name == "engine_process" and answer.get("name"):
+            entry["_focus"] = answer["name"]
+        record = RECORDERS.get(name)
         if record:
-            record(entry, answer, failed)
+            target = entry
+            if name in PER_INSTANCE and entry.get("_focus"):
+                target = entry.setdefault("_instances", {}).setdefault(entry["_focus"], {})
+            record(target, answer, failed)
 
     def v2_playbook_on_stats(self, stats):
         # Decided (and an old ledger moved out of the inventory) in every run, so that a facts-only
         # or check-mode run stops the inventory warnings too.
         directory = self._ledger_dir()
         # Only hosts a module of the collection ran on: a facts-only run leaves no line.
-        seen = {host: entry for host, entry in self._hosts.items() if set(entry) - {"failure", "unreachable"}}
+        seen = {}
+        for host, entry in self._hosts.items():
+            if set(entry) - {"failure", "unreachable", "_focus"}:
+                seen.update(per_instance_lines(host, entry))
         if not seen:
             return
         # The run's end, whatever stopped it (a failed canary ends the playbook early): each
         # host's release and state.
         self._display.banner("RELEASES")
-        for host in sorted(set(stats.processed) | set(seen)):
+        hosts_with_instances = {host.partition("/")[0] for host in seen}
+        for host in sorted((set(stats.processed) - hosts_with_instances) | set(seen)):
             self._display.display(f"{host}: {outcome_line(seen.get(host))}")
         if context.CLIARGS.get("check"):
             return
@@ -387,6 +402,25 @@ def _benched(entry, answer, failed):
 def _scored(entry, answer, failed):
     if "score" in answer:
         entry["quality"] = {key: answer[key] for key in QUALITY_KEYS if key in answer}
+
+
+# What each engine instance of a host has of its own; the rest (release, files, guard, rollback)
+# is the host's.
+PER_INSTANCE = ("engine_process", "engine_probe", "engine_bench", "engine_quality")
+
+
+def per_instance_lines(host: str, entry: dict) -> dict[str, dict]:
+    """{name: entry} of a host's ledger lines: one, named after the host, for a host that ran one
+    engine (as it always was); one per instance, named <host>/<instance>, each with the host's
+    release and state, for a host that ran several."""
+    entry = dict(entry)
+    entry.pop("_focus", None)
+    instances = entry.pop("_instances", {})
+    if len(instances) <= 1:
+        for own in instances.values():
+            entry.update(own)
+        return {host: entry}
+    return {f"{host}/{name}": {**entry, **own} for name, own in instances.items()}
 
 
 RECORDERS = {

@@ -192,6 +192,32 @@ def _held(holders: dict) -> str:
     return ", ".join(f"GPU {index} by {holder}" for index, holder in sorted(holders.items()))
 
 
+def instance_record(proven: dict, key: str, instances=()):
+    """What a release records of its instances' `key` (engine, gates, summary), from
+    {instance: {key: value}}: a host that lists no instance records its one engine's value as it
+    always did; a host of several records {"instances": {name: value}} (a summary: one text
+    naming each). None when no instance has a value."""
+    values = {name: entry.get(key) for name, entry in (proven or {}).items() if entry.get(key) is not None}
+    if not values:
+        return None
+    if not instances:
+        return next(iter(values.values()))
+    if key == "summary":
+        return "; ".join(f"{name}: {value}" for name, value in values.items())
+    return {"instances": values}
+
+
+def instance_settings(engine: dict | None, name: str, instances=()) -> dict:
+    """The settings one instance is restored with from a release record's engine: its own entry
+    of a host of several, the record itself for the one engine of a host that lists none;
+    {} when the record holds none for it (the inventory's then apply)."""
+    engine = engine or {}
+    if "instances" in engine:
+        return engine["instances"].get(name) or {}
+    return {} if instances else engine
+
+
 class FilterModule:
     def filters(self):
-        return {"engine_instances": engine_instances, "engine_instance_problems": engine_instance_problems}
+        return {"engine_instances": engine_instances, "engine_instance_problems": engine_instance_problems,
+                "instance_record": instance_record, "instance_settings": instance_settings}

@@ -8,13 +8,19 @@ from __future__ import annotations
 
 def verify_problems(checks: dict) -> list[str]:
     """Sentences from verify.yml's registered checks (guard, release, engine, probes); empty
-    when the host is as deployed and its engine passes the probes."""
-    return [
-        *_guard(checks.get("guard") or {}),
-        *_release(checks.get("release") or {}),
-        *_engine(checks.get("engine") or {}),
-        *_probes(checks.get("probes") or {}),
-    ]
+    when the host is as deployed and its engine passes the probes. A host of several engine
+    instances gives `instances` ({name: {engine, probes}}) instead of engine and probes, and each
+    of their sentences starts with the instance's name."""
+    found = [*_guard(checks.get("guard") or {}), *_release(checks.get("release") or {})]
+    if "instances" not in checks:
+        return found + _instance(checks)
+    for name, instance in checks["instances"].items():
+        found.extend(f"{name}: {sentence}" for sentence in _instance(instance or {}))
+    return found
+
+
+def _instance(checks: dict) -> list[str]:
+    return [*_engine(checks.get("engine") or {}), *_probes(checks.get("probes") or {})]
 
 
 def _guard(result: dict) -> list[str]:

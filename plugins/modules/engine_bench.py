@@ -158,6 +158,14 @@ options:
       - Default C(build/bench) beside the playbook.
       - Read by the action.
     type: path
+  instance:
+    description:
+      - The engine instance measured, on a host that runs several; the progress and the messages
+        then name C(<inventory_hostname>/<instance>), and the figures go to
+        C(<results_dir>/<release>/<inventory_hostname>/<instance>.json).
+      - Read by the action.
+    type: str
+    version_added: 0.2.0
   compare_with:
     description:
       - The figures of the host's last good release; the result then has RV(deltas) and the

@@ -35,11 +35,16 @@ options:
       - /usr/local/corex/bin64/ixsmi
   own_pid_file:
     description:
-      - The pid file of the collection's own engine (M(biv100.serving.engine_process)).
-      - The engine runs in a process group of its own; GPU processes in that group are the
-        engine's workers, marked C(own), and do not make their GPU busy, so a redeploy finds
-        the GPUs its running engine holds still available to it.
-    type: path
+      - The pid files of the collection's own engines (M(biv100.serving.engine_process)), one
+        per instance of a host that runs several.
+      - Each engine runs in a process group of its own; GPU processes in that group are the
+        engine's workers, marked C(own) and named by C(instance) (the pid file's name without
+        C(.pid)), and do not make their GPU busy, so a redeploy finds the GPUs its running
+        engines hold still available to them.
+    type: list
+    elements: path
+    aliases: [own_pid_files]
+    version_added: 0.2.0
 extends_documentation_fragment:
   - biv100.serving.posix_host
   - ansible.builtin.action_common_attributes
@@ -119,6 +124,7 @@ gpu_facts:
           name: python3
           used_memory_mib: 30512
           own: false
+          instance: null
     processes_supported:
       description: Whether C(ixsmi) answered the compute-process query.
       type: bool
@@ -211,24 +217,38 @@ def own_engine_group(pid_file):
     return pid if is_alive(pid) else None
 
 
-def in_group(pid, group):
-    stat = process_stat(pid) if group and pid else None
-    return stat is not None and stat["pgrp"] == group
+def own_engine_groups(pid_files):
+    """{process group: instance name} of the collection's running engines."""
+    groups = {}
+    for pid_file in pid_files or ():
+        group = own_engine_group(pid_file)
+        if group:
+            name = os.path.basename(pid_file)
+            groups[group] = name[:-len(".pid")] if name.endswith(".pid") else name
+    return groups
 
 
-def attach_processes(gpus, process_rows, own_group=None):
+def instance_of(pid, groups):
+    """The instance whose engine's process group pid is in, or None."""
+    stat = process_stat(pid) if groups and pid else None
+    return groups.get(stat["pgrp"]) if stat is not None else None
+
+
+def attach_processes(gpus, process_rows, own_groups=None):
     """Link each compute process to its GPU (ixsmi names the GPU by uuid); return them all."""
     by_uuid = dict((gpu["uuid"], gpu) for gpu in gpus)
     processes = []
     for row in process_rows:
         gpu = by_uuid.get(row["gpu_uuid"])
         pid = to_int(row["pid"])
+        instance = instance_of(pid, own_groups)
         process = {
             "gpu_index": gpu["index"] if gpu else None,
             "pid": pid,
             "name": row["process_name"],
             "used_memory_mib": to_int(row["used_memory"]),
-            "own": in_group(pid, own_group),
+            "own": instance is not None,
+            "instance": instance,
         }
         processes.append(process)
         if gpu:
@@ -244,7 +264,7 @@ def gather(module):
     process_rows, _error = query(module, ixsmi, "--query-compute-apps", PROCESS_FIELDS)
     try:
         gpus = sorted((gpu_from_row(row) for row in gpu_rows), key=lambda gpu: gpu["index"])
-        processes = attach_processes(gpus, process_rows or [], own_engine_group(module.params["own_pid_file"]))
+        processes = attach_processes(gpus, process_rows or [], own_engine_groups(module.params["own_pid_file"]))
     except ValueError as exc:
         module.fail_json(msg="cannot parse the output of %s: %s" % (ixsmi, exc), ixsmi=ixsmi)
     return {
@@ -266,7 +286,7 @@ def main():
                 elements="path",
                 default=["/usr/local/corex/bin/ixsmi", "/usr/local/corex/bin64/ixsmi"],
             ),
-            own_pid_file=dict(type="path"),
+            own_pid_file=dict(type="list", elements="path", aliases=["own_pid_files"]),
         ),
         supports_check_mode=True,
     )

@@ -506,3 +506,35 @@ def test_serving_ledger_dir_names_the_folder_over_the_environment_and_an_extra_v
     # The first run found the old ledger and moved it where the variable pointed.
     assert len(read_lines(project.root / "from-inventory" / "ledger.jsonl")) == 2
     assert len(read_lines(project.root / "from-extra-vars" / "ledger.jsonl")) == 1
+
+
+# --- hosts of several engine instances ------------------------------------------------------
+
+
+def test_each_instance_of_a_host_gets_its_line_named_host_slash_instance(ledger, capsys):
+    ledger.v2_runner_on_ok(task_result("h5", "Stage the payload", "biv100.serving.serving_overlay",
+                                       {"release": "sub511", "payload_digest": "ab12", "changed_files": ["a.py"]}))
+    for name, port in (("vllm-1", "8000"), ("vllm-2", "8001")):
+        ledger.v2_runner_on_ok(task_result("h5", "Run the engine", "biv100.serving.engine_process", {
+            "name": name, "command": ["/usr/bin/python3", "-m", "vllm.entrypoints.openai.api_server", "--port", port]}))
+        ledger.v2_runner_on_ok(task_result("h5", "Probe", "biv100.serving.engine_probe",
+                                           {"summary": f"75/75 probes passed on {name}", "probes": []}))
+        ledger.v2_runner_on_ok(task_result("h5", "Bench", "biv100.serving.engine_bench", {**BENCH_RESULT}))
+    ledger.v2_runner_on_ok(task_result("h5", "Mark good", "biv100.serving.serving_release",
+                                       {"release": "sub511", "status": "good"}))
+    # A host of one engine keeps its one line, named after the host, as it always had.
+    ledger.v2_runner_on_ok(task_result("h1", "Run the engine", "biv100.serving.engine_process", {
+        "name": "vllm", "command": ["/usr/bin/python3", "-m", "vllm.entrypoints.openai.api_server"]}))
+    ledger.v2_runner_on_ok(task_result("h1", "Probe", "biv100.serving.engine_probe",
+                                       {"summary": "75/75 probes passed", "probes": []}))
+
+    lines = ledger.end("h1", "h5")
+
+    assert [line["host"] for line in lines] == ["h1", "h5/vllm-1", "h5/vllm-2"]
+    assert lines[0]["probes"] == "75/75 probes passed" and "instances" not in lines[0]
+    assert [line["engine_args"] for line in lines[1:]] == [["--port", "8000"], ["--port", "8001"]]
+    assert all(line["release"] == "sub511" and line["state"] == "good" and line["bench"]["score"] == 8412.4
+               for line in lines[1:])
+    shown = capsys.readouterr().out.split("RELEASES", 1)[1].strip("* \n").splitlines()
+    assert [line.split(":")[0] for line in shown] == ["h1", "h5/vllm-1", "h5/vllm-2"]
+    assert "75/75 probes passed on vllm-2" in shown[2]

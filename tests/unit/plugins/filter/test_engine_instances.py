@@ -7,6 +7,8 @@ from ansible_collections.biv100.serving.plugins.filter.engine_instances import (
     FilterModule,
     engine_instance_problems,
     engine_instances,
+    instance_record,
+    instance_settings,
 )
 
 # The engine role's own variables, as the role's defaults set them.
@@ -85,5 +87,29 @@ def test_a_malformed_list_is_refused_naming_the_entry(instances, message):
         resolve(instances, gpus(8))
 
 
-def test_both_filters_are_registered():
-    assert set(FilterModule().filters()) == {"engine_instances", "engine_instance_problems"}
+def test_a_host_of_one_engine_records_its_values_as_before_and_one_of_several_records_each():
+    proven = {"vllm": {"engine": {"args": SUB168}, "gates": None, "summary": "75/75 probes passed"}}
+    assert instance_record(proven, "engine") == {"args": SUB168}
+    assert instance_record(proven, "gates") is None
+    assert instance_record(proven, "summary") == "75/75 probes passed"
+    several = {"vllm-1": {"engine": {"args": SUB168}, "gates": {"bench": {"score": 9000}}, "summary": "a"},
+               "vllm-2": {"engine": {"args": {**SUB168, "max_num_seqs": 4}}, "gates": None, "summary": "b"}}
+    listed = [{"name": "vllm-1"}, {"name": "vllm-2"}]
+    assert instance_record(several, "engine", listed) == {"instances": {name: several[name]["engine"] for name in several}}
+    assert instance_record(several, "gates", listed) == {"instances": {"vllm-1": {"bench": {"score": 9000}}}}
+    assert instance_record(several, "summary", listed) == "vllm-1: a; vllm-2: b"
+
+
+def test_an_instance_is_restored_with_what_its_release_recorded_for_it():
+    one = {"args": SUB168, "env": {}}
+    listed = [{"name": "vllm-1"}, {"name": "vllm-2"}]
+    assert instance_settings(one, "vllm") == one
+    assert instance_settings({"instances": {"vllm-2": one}}, "vllm-2", listed) == one
+    # Nothing recorded for it (a release of before instances, the vendor's files): the inventory's.
+    assert instance_settings({"instances": {"vllm-2": one}}, "vllm-1", listed) == {}
+    assert instance_settings(one, "vllm-1", listed) == {} and instance_settings(None, "vllm") == {}
+
+
+def test_the_filters_are_registered():
+    assert set(FilterModule().filters()) == {"engine_instances", "engine_instance_problems", "instance_record",
+                                             "instance_settings"}

@@ -42,3 +42,15 @@ def test_what_is_missing_is_a_finding_too():
         "env file /etc/e.env: differs from the desired one",
         "probes did not run: probe suite x.yml does not exist",
     ]
+
+
+def test_each_engine_instance_of_a_host_is_judged_and_named():
+    checks = {"guard": HEALTHY["guard"], "release": HEALTHY["release"], "instances": {
+        "vllm-1": {"engine": HEALTHY["engine"], "probes": HEALTHY["probes"]},
+        "vllm-2": {"engine": {"running": False, "env_file": "/etc/v2.env", "env_file_matches": True},
+                   "probes": {"failed": True, "msg": "connection refused"}},
+    }}
+    assert verify_problems(checks) == [
+        "vllm-2: engine: not running",
+        "vllm-2: probes did not run: connection refused",
+    ]

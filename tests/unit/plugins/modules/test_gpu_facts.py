@@ -2,6 +2,7 @@
 
 import stat
 import textwrap
+from pathlib import Path
 
 import pytest
 
@@ -59,7 +60,8 @@ def test_processes_are_attached_to_their_gpu_and_make_it_busy(tmp_path, run):
     facts = result["gpu_facts"]
     assert facts["free"] == [0, 2]
     assert facts["gpus"][1]["processes"] == [
-        {"gpu_index": 1, "pid": 4242, "name": "python3", "used_memory_mib": 30512, "own": False}
+        {"gpu_index": 1, "pid": 4242, "name": "python3", "used_memory_mib": 30512, "own": False,
+         "instance": None}
     ]
     assert [p["pid"] for p in facts["processes"]] == [4242, 77]
 
@@ -122,7 +124,26 @@ def test_the_collections_own_engine_does_not_make_its_gpus_busy(tmp_path, run, s
     failed, result = run({"ixsmi_path": ixsmi, "own_pid_file": str(pid_file)})
     facts = result["gpu_facts"]
     assert not failed and facts["free"] == [0, 1, 2]
-    assert [(p["pid"], p["own"]) for p in facts["processes"]] == [(engine.pid, True), (1, False)]
+    assert [(p["pid"], p["own"], p["instance"]) for p in facts["processes"]] == [
+        (engine.pid, True, "vllm"), (1, False, None)]
+
+
+def test_each_instance_of_the_collections_engines_is_told_from_the_others_and_from_foreign_holders(
+        tmp_path, run, started_process):
+    first, second = started_process(["sleep", "60"]), started_process(["sleep", "61"])
+    pid_files = []
+    for name, engine in (("vllm-1", first), ("vllm-2", second)):
+        pid_files.append(str(tmp_path / f"{name}.pid"))
+        Path(pid_files[-1]).write_text(f"{engine.pid}\n")
+    apps = (f"{UUIDS[0]}, {first.pid}, python3, 30512\n{UUIDS[2]}, {second.pid}, python3, 30512\n"
+            f"{UUIDS[3]}, 1, foreign, 1024\n")
+    ixsmi = fake_ixsmi(tmp_path, four_gpus(used=(30512, 0, 30512, 1024)), apps)
+
+    failed, result = run({"ixsmi_path": ixsmi, "own_pid_files": pid_files})
+
+    facts = result["gpu_facts"]
+    assert not failed and facts["free"] == [0, 1, 2]
+    assert [(p["gpu_index"], p["instance"]) for p in facts["processes"]] == [(0, "vllm-1"), (2, "vllm-2"), (3, None)]
 
 
 def test_a_pid_file_of_an_ended_engine_claims_nothing(tmp_path, run):
