@@ -58,9 +58,10 @@ def engine_pids(lab) -> dict[str, int]:
     return {host.name: int(host.path(PID_FILE).read_text()) for host in lab.hosts}
 
 
-def engine_process(host) -> tuple[list[str], dict[str, str]]:
-    """The running engine's command line and environment, as the kernel has them."""
-    pid = int(host.path(PID_FILE).read_text())
+def engine_process(host, name: str = "vllm") -> tuple[list[str], dict[str, str]]:
+    """The running engine's command line and environment, as the kernel has them; `name` is the
+    instance's on a host that runs several."""
+    pid = int(host.path(PID_FILE.replace("vllm.pid", f"{name}.pid")).read_text())
     argv = Path(f"/proc/{pid}/cmdline").read_bytes().decode().split("\0")[:-1]
     environ = dict(item.split("=", 1) for item in Path(f"/proc/{pid}/environ").read_bytes().decode().split("\0") if item)
     return argv, environ

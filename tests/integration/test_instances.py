@@ -1,0 +1,171 @@
+"""Several engine instances on one host, on a mixed lab fleet: lab-h1 has 4 GPUs and runs one
+engine as always; lab-h2 has 8 and runs two TP=4 instances, vllm-1 and vllm-2. The fleet
+deploys, verifies, rolls back and deploys again with every instance named; a deploy restarts
+lab-h2's instances one at a time, so that /health, polled every 100 ms, always has one to answer.
+
+The module's tests run in order and build on each other's state.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import threading
+import time
+import urllib.error
+import urllib.request
+
+import pytest
+from lab_files import STATE, copy_payload, current_release, engine_process, option_values, overlay
+from lab_guard import refuse_unless_the_lab_can_be_built
+from playbook_runs import ONE_BATCH, run_playbook, start_playbook
+
+import lab as lab_builder
+
+pytestmark = pytest.mark.lab
+
+DEPLOY = "deploy.yml"
+EIGHT = "lab-h2"
+INSTANCES = [{"name": "vllm-1"}, {"name": "vllm-2"}]
+# engine_instances for lab-h2 only, as its host_vars would give them (extra variables are
+# templated per host).
+ON_EIGHT = {"engine_instances": "{{ %s if inventory_hostname == '%s' else [] }}" % (json.dumps(INSTANCES), EIGHT)}
+
+
+@pytest.fixture(scope="module")
+def lab(tmp_path_factory):
+    refuse_unless_the_lab_can_be_built()
+    lab_dir = tmp_path_factory.mktemp("lab")
+    yield lab_builder.up(n_hosts=2, gpus={"h2": 8}, lab_dir=lab_dir)
+    lab_builder.down(lab_dir)
+
+
+@pytest.fixture(scope="module")
+def deployed(lab, tmp_path_factory):
+    """The first deploy's run, and the ledger lines it wrote."""
+    folder = tmp_path_factory.mktemp("first")
+    run = run_playbook(DEPLOY, lab.inventory_path, folder,
+                       extravars={"serving_release": "sub510", **ON_EIGHT, **ONE_BATCH})
+    assert run.rc == 0, run.stdout()[-3000:]
+    ledger = folder / "ledger" / "ledger.jsonl"
+    return {"run": run, "ledger": [json.loads(line) for line in ledger.read_text().splitlines()]}
+
+
+def instance_pid(host, name: str) -> int:
+    return int(host.path(f"/run/biv100-serving/{name}.pid").read_text())
+
+
+def healthy(host, port: int) -> bool:
+    try:
+        with urllib.request.urlopen(f"http://{host.ip}:{port}/health", timeout=0.5) as answer:
+            return answer.status == 200
+    except (urllib.error.URLError, OSError):
+        return False
+
+
+def test_the_eight_gpu_host_runs_two_instances_on_their_own_gpus_ports_and_files(lab, deployed):
+    eight = lab.hosts[1]
+    for name, port, gpus in (("vllm-1", "8000", "0,1,2,3"), ("vllm-2", "8001", "4,5,6,7")):
+        argv, environ = engine_process(eight, name)
+        assert option_values(argv)["--port"] == port and environ["CUDA_VISIBLE_DEVICES"] == gpus, name
+        assert eight.path(f"/etc/biv100-serving/{name}.env").is_file()
+        assert healthy(eight, int(port))
+    # The 4-GPU host runs its one engine exactly as a host that never heard of instances.
+    argv, environ = engine_process(lab.hosts[0])
+    assert option_values(argv)["--port"] == "8000" and environ["CUDA_VISIBLE_DEVICES"] == "0,1,2,3"
+    assert lab.hosts[0].path("/etc/biv100-serving/engine.env").is_file()
+    record = current_release(eight)
+    assert record["status"] == "good" and sorted(record["engine"]["instances"]) == ["vllm-1", "vllm-2"]
+    assert "args" in current_release(lab.hosts[0])["engine"]
+
+
+def test_every_instance_is_named_in_the_output_and_the_ledger(lab, deployed):
+    shown = deployed["run"].stdout().split("RELEASES", 1)[1]
+    for name in ("lab-h1: sub510 good", "lab-h2/vllm-1: sub510 good", "lab-h2/vllm-2: sub510 good"):
+        assert name in shown
+    lines = deployed["ledger"]
+    assert sorted(line["host"] for line in lines) == ["lab-h1", "lab-h2/vllm-1", "lab-h2/vllm-2"]
+    ports = {line["host"]: option_values(line["engine_args"])["--port"] for line in lines}
+    assert ports == {"lab-h1": "8000", "lab-h2/vllm-1": "8000", "lab-h2/vllm-2": "8001"}
+
+
+def test_a_second_run_changes_nothing(lab, deployed, tmp_path):
+    again = run_playbook(DEPLOY, lab.inventory_path, tmp_path, extravars={**ON_EIGHT, **ONE_BATCH})
+    assert again.rc == 0 and again.hosts_with("changed") == set(), again.stats
+
+
+def test_a_deploy_restarts_the_instances_one_at_a_time_and_one_always_answers(lab, deployed, tmp_path):
+    eight = lab.hosts[1]
+    pids = {name: instance_pid(eight, name) for name in ("vllm-1", "vllm-2")}
+    payload = copy_payload(tmp_path)
+    overlay(payload, "rolling", "reasoning/rolling_parser.py", "PARSER = 'rolling'\n")
+    samples: list[tuple[float, bool, bool]] = []
+    done = threading.Event()
+
+    def poll():
+        while not done.is_set():
+            samples.append((time.monotonic(), healthy(eight, 8000), healthy(eight, 8001)))
+            time.sleep(0.1)
+
+    poller = threading.Thread(target=poll)
+    poller.start()
+    try:
+        running = start_playbook(DEPLOY, lab.inventory_path, tmp_path, limit=EIGHT, extravars={
+            "serving_release": "sub511", "stage_payload_dir": str(payload), **ON_EIGHT})
+        run = running.wait()
+    finally:
+        done.set()
+        poller.join()
+
+    assert run.rc == 0, run.stdout()[-3000:]
+    # Both restarted on the new release (or the test proved nothing)...
+    assert all(instance_pid(eight, name) != pid for name, pid in pids.items())
+    assert current_release(eight)["id"] == "sub511"
+    # ...and at no moment was neither answering.
+    down = [at for at, first, second in samples if not (first or second)]
+    assert len(samples) > 20 and down == [], f"{len(down)} of {len(samples)} polls found no instance healthy"
+    assert any(not first for _at, first, _second in samples) and any(not second for _at, _first, second in samples)
+
+
+def test_verify_names_the_instance_that_is_down(lab, deployed, tmp_path):
+    eight = lab.hosts[1]
+    healthy_run = run_playbook("verify.yml", lab.inventory_path, tmp_path / "ok", extravars=ON_EIGHT)
+    assert healthy_run.rc == 0, healthy_run.stdout()[-3000:]
+    # The engine runs in a process group of its own (engine_process starts it so).
+    os.killpg(instance_pid(eight, "vllm-2"), signal.SIGTERM)
+    for _ in range(50):
+        if not healthy(eight, 8001):
+            break
+        time.sleep(0.1)
+
+    found = run_playbook("verify.yml", lab.inventory_path, tmp_path / "down", limit=EIGHT, extravars=ON_EIGHT)
+
+    assert found.rc != 0
+    assert "vllm-2: engine: not running" in found.stdout()
+    assert "vllm-1:" not in found.stdout().split("Report every finding", 1)[1]
+
+
+def test_rollback_restores_every_instance_and_a_deploy_brings_the_release_back(lab, deployed, tmp_path):
+    eight = lab.hosts[1]
+    back = run_playbook("rollback.yml", lab.inventory_path, tmp_path / "back", limit=EIGHT, extravars=ON_EIGHT)
+    assert back.rc == 0, back.stdout()[-3000:]
+    assert current_release(eight)["id"] == "sub510"
+    assert healthy(eight, 8000) and healthy(eight, 8001)
+    shown = back.stdout().split("RELEASES", 1)[1]
+    assert "lab-h2/vllm-1: sub510 rolled back" in shown and "lab-h2/vllm-2: sub510 rolled back" in shown
+
+
+def test_instances_that_cannot_share_the_host_are_refused_naming_them_and_nothing_changes(lab, deployed, tmp_path):
+    eight = lab.hosts[1]
+    before = current_release(eight)["id"]
+    clash = [{"name": "vllm-1", "gpus": [0, 1, 2, 3]}, {"name": "vllm-2", "gpus": [3, 4, 5, 6], "port": 8000}]
+    run = run_playbook(DEPLOY, lab.inventory_path, tmp_path, limit=EIGHT, extravars={
+        "serving_release": "sub599",
+        "engine_instances": "{{ %s if inventory_hostname == '%s' else [] }}" % (json.dumps(clash), EIGHT)})
+    assert run.rc != 0
+    output = run.stdout()
+    assert "lab-h2/vllm-2: port 8000 is also lab-h2/vllm-1's" in output
+    assert "lab-h2/vllm-2: GPU 3 also in lab-h2/vllm-1's group" in output
+    assert current_release(eight)["id"] == before
+    assert not eight.path(f"{STATE}/releases/sub599").exists()
