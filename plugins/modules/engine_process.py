@@ -208,6 +208,12 @@ EXAMPLES = r"""
 """
 
 RETURN = r"""
+name:
+  description: The engine's name (O(name)); an engine instance's, on a host that runs several.
+  returned: always
+  type: str
+  sample: vllm-1
+  version_added: 0.2.0
 manager:
   description: What runs the engine.
   returned: always
@@ -581,6 +587,7 @@ def main():
 
     result = dict(
         changed=action != "none" or definition is not None or env_file_stale,
+        name=params["name"],
         action=action,
         manager=manager.name,
         env_file=params["env_file"],

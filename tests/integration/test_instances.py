@@ -146,7 +146,7 @@ def test_verify_names_the_instance_that_is_down(lab, deployed, tmp_path):
     assert "vllm-1:" not in found.stdout().split("Report every finding", 1)[1]
 
 
-def test_rollback_restores_every_instance_and_a_deploy_brings_the_release_back(lab, deployed, tmp_path):
+def test_rollback_restores_every_instance_and_a_deploy_brings_a_release_back(lab, deployed, tmp_path):
     eight = lab.hosts[1]
     back = run_playbook("rollback.yml", lab.inventory_path, tmp_path / "back", limit=EIGHT, extravars=ON_EIGHT)
     assert back.rc == 0, back.stdout()[-3000:]
@@ -154,6 +154,15 @@ def test_rollback_restores_every_instance_and_a_deploy_brings_the_release_back(l
     assert healthy(eight, 8000) and healthy(eight, 8001)
     shown = back.stdout().split("RELEASES", 1)[1]
     assert "lab-h2/vllm-1: sub510 rolled back" in shown and "lab-h2/vllm-2: sub510 rolled back" in shown
+
+    payload = copy_payload(tmp_path)
+    overlay(payload, "again", "reasoning/again_parser.py", "PARSER = 'again'\n")
+    again = run_playbook(DEPLOY, lab.inventory_path, tmp_path / "again", limit=EIGHT, extravars={
+        "serving_release": "sub512", "stage_payload_dir": str(payload), **ON_EIGHT})
+    assert again.rc == 0, again.stdout()[-3000:]
+    record = current_release(eight)
+    assert record["id"] == "sub512" and record["status"] == "good"
+    assert record["history"][-1]["reason"].startswith("vllm-1: ") and "; vllm-2: " in record["history"][-1]["reason"]
 
 
 def test_instances_that_cannot_share_the_host_are_refused_naming_them_and_nothing_changes(lab, deployed, tmp_path):
