@@ -25,8 +25,20 @@ PYENV_VERSIONS := $(or $(PYENV_ROOT),$(HOME)/.pyenv)/versions
 deploy: setup lab-up
 	$(BIN)/ansible-playbook deploy.yml -i inventory/lab
 
-## Every test: unit (with the host-Python 3.8 check), lint, lab integration, molecule.
-test: setup unit lint integration molecule
+## Every test: unit (with the host-Python 3.8 check), lint, lab integration, molecule. The unit
+## tests and the linters run beside the lab's integration tests, at a lower priority: the
+## integration tests mostly wait on ssh and on engines, and keep the CPU first when they need it.
+## Their output is kept in build/test/checks.log and shown once both sides ended; either side
+## failing fails the target. Molecule, which builds a lab too, runs after.
+test: setup
+	@mkdir -p build/test; \
+	( nice -n 10 $(MAKE) --no-print-directory unit lint > build/test/checks.log 2>&1 ) & checks=$$!; \
+	integration=0; $(MAKE) --no-print-directory integration || integration=$$?; \
+	checked=0; wait $$checks || checked=$$?; \
+	echo "--- unit tests and linters (build/test/checks.log) ---"; cat build/test/checks.log; \
+	if [ $$checked -ne 0 ] || [ $$integration -ne 0 ]; then \
+	  echo "make test: unit and linters exit $$checked, integration exit $$integration" >&2; exit 1; fi
+	$(MAKE) --no-print-directory molecule
 
 setup: debian-packages $(VENV)/.installed
 
