@@ -250,7 +250,11 @@ def _listed(pairs) -> str:
 
 
 def _platform_run(host: _Host) -> str | None:
+    """The run document the release recorded. The platform runs one engine: on a host of several
+    instances, the run document of the first by name (the record keeps them sorted)."""
     engine = host.record.get("engine")
+    if isinstance(engine, dict) and isinstance(engine.get("instances"), dict) and engine["instances"]:
+        engine = engine["instances"][min(engine["instances"])]
     text = engine.get("platform_run") if isinstance(engine, dict) else None
     return text if isinstance(text, str) and text.strip() else None
 

@@ -467,3 +467,13 @@ def test_the_archive_holds_the_folder_under_the_release_with_fixed_metadata():
                 assert member.mode == (0o755 if member.name == "sub510/patch_ops.sh" else 0o644)
                 assert tar.extractfile(member).read() == bundle.files[member.name.removeprefix("sub510/")]
         assert {member.name.removeprefix("sub510/") for member in members if member.isfile()} == set(bundle.files)
+
+
+def test_a_host_of_several_instances_gives_the_run_document_of_its_first_instance_by_name():
+    hosts = fleet()
+    engine = hosts[0]["export"]["record"]["engine"]
+    hosts[0]["export"]["record"]["engine"] = {"instances": {
+        "vllm-2": {**engine, "platform_run": engine["platform_run"].replace("8000", "8001")},
+        "vllm-1": engine}}
+    bundle = build("sub510", hosts)
+    assert bundle.files["computility-run.yaml"] == engine["platform_run"].encode()
