@@ -1,4 +1,4 @@
-"""Whether this machine may build a lab for a test module now."""
+"""Whether this machine may build a lab for a test module now, and the lab a module builds."""
 
 from __future__ import annotations
 
@@ -19,3 +19,12 @@ def refuse_unless_the_lab_can_be_built() -> None:
             f"Take it down first: {lab_builder.LAB_DIR_ENV}={running} python tests/lab/lab.py down",
             pytrace=False,
         )
+
+
+def built_lab(tmp_path_factory, n_hosts: int = 4, gpus: dict | None = None):
+    """Yield a lab of n_hosts (and `gpus` per host, as lab.up takes them) in pytest's temporary
+    folder, then take it down: the body of a test module's `lab` fixture."""
+    refuse_unless_the_lab_can_be_built()
+    lab_dir = tmp_path_factory.mktemp("lab")
+    yield lab_builder.up(n_hosts=n_hosts, gpus=gpus, lab_dir=lab_dir)
+    lab_builder.down(lab_dir)

@@ -18,10 +18,9 @@ import urllib.request
 
 import pytest
 from lab_files import STATE, copy_payload, current_release, engine_process, option_values, overlay
-from lab_guard import refuse_unless_the_lab_can_be_built
+from lab_guard import built_lab
 from playbook_runs import ONE_BATCH, run_playbook, start_playbook
 
-import lab as lab_builder
 
 pytestmark = pytest.mark.lab
 
@@ -35,10 +34,7 @@ ON_EIGHT = {"engine_instances": "{{ %s if inventory_hostname == '%s' else [] }}"
 
 @pytest.fixture(scope="module")
 def lab(tmp_path_factory):
-    refuse_unless_the_lab_can_be_built()
-    lab_dir = tmp_path_factory.mktemp("lab")
-    yield lab_builder.up(n_hosts=2, gpus={"h2": 8}, lab_dir=lab_dir)
-    lab_builder.down(lab_dir)
+    yield from built_lab(tmp_path_factory, n_hosts=2, gpus={"h2": 8})
 
 
 @pytest.fixture(scope="module")

@@ -21,10 +21,9 @@ from pathlib import Path
 import pytest
 import yaml
 from lab_files import current_release
-from lab_guard import refuse_unless_the_lab_can_be_built
+from lab_guard import built_lab
 from playbook_runs import ONE_BATCH, run_playbook
 
-import lab as lab_builder
 
 pytestmark = pytest.mark.lab
 
@@ -37,10 +36,7 @@ RELEASE = "sub510"
 @pytest.fixture(scope="module")
 def lab(tmp_path_factory):
     """Three deployed hosts and their three pristine twins (the variants repeat every three)."""
-    refuse_unless_the_lab_can_be_built()
-    lab_dir = tmp_path_factory.mktemp("lab")
-    yield lab_builder.up(n_hosts=6, lab_dir=lab_dir)
-    lab_builder.down(lab_dir)
+    yield from built_lab(tmp_path_factory, n_hosts=6)
 
 
 @pytest.fixture(scope="module")

@@ -18,7 +18,6 @@ from ansible.parsing.dataloader import DataLoader
 from ansible.template import Templar
 
 from ansible_collections.biv100.serving.plugins.action import serving_submission as submission_action
-from ansible_collections.biv100.serving.plugins.plugin_utils import _patch_ops
 
 CHAT = "entrypoints/openai/serving_chat.py"
 PARSER = "reasoning/qwen3_5_reasoning_parser.py"
@@ -49,14 +48,6 @@ def host(name, installed=None, status="good", run=RUN):
 
 def fleet():
     return [host("h1"), host("h2"), host("h3"), host("h4", run=RUN.replace("qwen3_5", "qwen3_moe"))]
-
-
-@pytest.fixture(autouse=True)
-def template(tmp_path, monkeypatch):
-    path = tmp_path / "patch_ops.sh.in"
-    path.write_text("#!/bin/sh\nRELEASE=@RELEASE@\nINTERPRETERS='@INTERPRETERS@'\n"
-                    "case $1 in @SERVING_PATTERNS@) ;; esac\ncase $1 in @PROTECTED_PATTERNS@) exit 1 ;; esac\n")
-    monkeypatch.setattr(_patch_ops, "TEMPLATE", path)
 
 
 def run_action(args: dict, check_mode=False, diff=False):

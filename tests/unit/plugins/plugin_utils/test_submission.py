@@ -109,16 +109,6 @@ def fleet():
             host("h4", run=MOE_RUN, interpreter="/opt/moe/bin/python3")]
 
 
-@pytest.fixture(autouse=True)
-def template(tmp_path, monkeypatch):
-    """A small patch_ops.sh.in with the four placeholders, whatever the real one holds today."""
-    path = tmp_path / "patch_ops.sh.in"
-    path.write_text("#!/bin/sh\nRELEASE=@RELEASE@\nINTERPRETERS='@INTERPRETERS@'\n"
-                    "case $1 in @SERVING_PATTERNS@) ;; esac\ncase $1 in @PROTECTED_PATTERNS@) exit 1 ;; esac\n")
-    monkeypatch.setattr(_patch_ops, "TEMPLATE", path)
-    return path
-
-
 def manifest_records(bundle):
     lines = bundle.files["MANIFEST"].decode().splitlines()
     assert lines[0] == "# biv100.serving submission sub510: read by patch_ops.sh; see README.md"
@@ -191,9 +181,9 @@ def test_the_run_document_is_the_reference_s_verbatim_and_the_script_has_the_inc
     script = bundle.files["patch_ops.sh"].decode()
 
     assert bundle.files["computility-run.yaml"] == RUN.encode()
-    assert "RELEASE=sub510\n" in script
+    assert "RELEASE='sub510'\n" in script
     # Sorted, once each; h4 is left out, so its interpreter is not tried.
-    assert f"INTERPRETERS='/usr/bin/python3 {COREX_PYTHON}'\n" in script
+    assert f"FLEET_INTERPRETERS='/usr/bin/python3 {COREX_PYTHON}'\n" in script
     assert _patch_ops.serving_patterns() in script and _patch_ops.protected_patterns() in script
 
 
