@@ -23,3 +23,9 @@ REGISTRY = "model_executor/models/registry.py"
 def in_serving_trees(path):
     """Whether a package path (a file, or a folder without its trailing "/") is in one of them."""
     return (path + "/").startswith(SERVING_TREES)
+
+
+def in_serving_layer(path):
+    """Whether a package path is one a serving-layer change may write: in the serving trees, or
+    the model registry."""
+    return in_serving_trees(path) or path == REGISTRY

@@ -90,6 +90,9 @@ PROTECTED_FILES = {
     "mamba_cache.py": ("model_executor/models/mamba_cache.py",),
     "arg_utils.py": ("engine/arg_utils.py",),
 }
+# Every location any of them may have, whatever the layout: what a payload or a submission bundle
+# must never name.
+PROTECTED_LOCATIONS = frozenset(path for paths in PROTECTED_FILES.values() for path in paths)
 
 # Files that took over the role of an absent name under another name (vllm-layouts.md,
 # "Equivalents"). Reported beside the absent name so a payload can be retargeted knowingly.

@@ -14,7 +14,7 @@ import re
 from pathlib import Path
 
 from ansible_collections.biv100.serving.plugins.module_utils._serving_layer import REGISTRY, SERVING_TREES
-from ansible_collections.biv100.serving.plugins.module_utils._vllm_layout import PROTECTED_FILES
+from ansible_collections.biv100.serving.plugins.module_utils._vllm_layout import PROTECTED_LOCATIONS
 
 TEMPLATE = Path(__file__).resolve().parents[2] / "files" / "submission" / "patch_ops.sh.in"
 # What a release id and an interpreter path may hold to be written into the script unquoted.
@@ -29,7 +29,7 @@ def serving_patterns() -> str:
 
 def protected_patterns() -> str:
     """Every location of the brief's protected files, joined by "|"."""
-    return "|".join(sorted({path for paths in PROTECTED_FILES.values() for path in paths}))
+    return "|".join(sorted(PROTECTED_LOCATIONS))
 
 
 def render(release: str, interpreters: list[str] | tuple[str, ...] = ()) -> str:

@@ -36,8 +36,8 @@ import re
 import tarfile
 from dataclasses import dataclass, field, replace
 
-from ansible_collections.biv100.serving.plugins.module_utils._serving_layer import REGISTRY, in_serving_trees
-from ansible_collections.biv100.serving.plugins.module_utils._vllm_layout import PROTECTED_FILES
+from ansible_collections.biv100.serving.plugins.module_utils._serving_layer import in_serving_layer
+from ansible_collections.biv100.serving.plugins.module_utils._vllm_layout import PROTECTED_LOCATIONS
 from ansible_collections.biv100.serving.plugins.plugin_utils import _patch_ops
 from ansible_collections.biv100.serving.plugins.plugin_utils._report import SIM, number
 
@@ -63,7 +63,6 @@ SHA256_PATTERN = re.compile(r"[0-9a-f]{64}")
 HOST_PATTERN = re.compile(r"[^\s,]+")
 VERSION_PATTERN = re.compile(r"[A-Za-z0-9.+!_-]+")
 STATUSES = ("pending", "good", "failed", "rolled_back")
-PROTECTED_PATHS = frozenset(path for paths in PROTECTED_FILES.values() for path in paths)
 
 BEFORE_RUN_DOCUMENTS = "recorded before run documents were kept (no engine.platform_run in its record)"
 
@@ -286,9 +285,9 @@ def _check_path(host: str, path) -> str:
             part in ("", ".", "..") for part in path.split("/")):
         raise SubmissionError(f"host {host}: {path!r} is not a package path (letters, digits and _.-/, "
                               "relative, no empty, '.' or '..' component)")
-    if not (in_serving_trees(path) or path == REGISTRY):
+    if not in_serving_layer(path):
         raise SubmissionError(f"host {host}: {path} is outside the serving layer")
-    if path in PROTECTED_PATHS:
+    if path in PROTECTED_LOCATIONS:
         raise SubmissionError(f"host {host}: {path} is one of the protected files")
     return path
 

@@ -11,7 +11,6 @@ import ast
 import importlib
 import json
 import textwrap
-from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -19,6 +18,8 @@ import pytest
 import yaml
 from ansible.errors import AnsibleActionFail
 from ansible.parsing.dataloader import DataLoader
+
+from json_engine import JsonEngine
 
 from ansible_collections.biv100.serving.plugins.action import engine_quality as quality_action
 from ansible_collections.biv100.serving.plugins.modules import engine_probe
@@ -189,7 +190,7 @@ def test_a_bad_set_is_refused_before_any_request(tmp_path):
 # ---- with engine_probe's own request code, over loopback -----------------------------------
 
 
-class Engine(BaseHTTPRequestHandler):
+class Engine(JsonEngine):
     """Answers a chat request with RIGHT's answer to its prompt, marked simulated as the lab's
     stand-in marks its answers (the header's case as a server may send it)."""
 
@@ -198,16 +199,8 @@ class Engine(BaseHTTPRequestHandler):
         prompt = request["messages"][0]["content"]
         content = {"Compute 1 + 2.": "3", "Which of": "B", "Reverse": "cba", "Write the date": "2024-03-05"}
         answer = next(text for start, text in content.items() if prompt.startswith(start))
-        body = json.dumps({"choices": [{"message": {"role": "assistant", "content": answer}}]}).encode()
-        self.send_response(200)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("X-BIV100-Simulated", "1")
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def log_message(self, format, *args):
-        pass
+        self.send_json({"choices": [{"message": {"role": "assistant", "content": answer}}]},
+                       headers={"X-BIV100-Simulated": "1"})
 
 
 @pytest.fixture

@@ -7,16 +7,17 @@ from __future__ import annotations
 import json
 import threading
 import time
-from http.server import BaseHTTPRequestHandler
 
 import pytest
+
+from json_engine import JsonEngine
 
 from ansible_collections.biv100.serving.plugins.modules import engine_bench
 
 SECRET = "sk-biv100-bench-5e6f7a81"
 
 
-class Engine(BaseHTTPRequestHandler):
+class Engine(JsonEngine):
     """Streams a vLLM-shaped chat answer: a role chunk, `x_chunks` content chunks `delay` apart,
     then the usage chunk and [DONE]. The usage says what the test wants (`x_prompt_tokens`, and
     max_tokens as the completion tokens), so that a client counting for itself would be seen."""
@@ -80,18 +81,8 @@ class Engine(BaseHTTPRequestHandler):
         self.wfile.flush()
 
     def reply(self, status, document):
-        data = json.dumps(document).encode()
-        self.send_response(status)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(data)))
-        if self.server.state["simulated"]:
-            self.send_header("x-biv100-simulated", "1")
-        self.end_headers()
-        self.leave()
-        self.wfile.write(data)
-
-    def log_message(self, format, *args):
-        pass
+        self.send_json(document, status, {"x-biv100-simulated": "1"} if self.server.state["simulated"] else None,
+                       before_body=self.leave)
 
 
 @pytest.fixture

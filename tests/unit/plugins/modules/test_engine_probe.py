@@ -4,29 +4,22 @@ nowhere in what the module returns, even when an answer repeats it."""
 from __future__ import annotations
 
 import json
-from http.server import BaseHTTPRequestHandler
 
 import pytest
+
+from json_engine import JsonEngine
 
 from ansible_collections.biv100.serving.plugins.modules import engine_probe
 
 SECRET = "sk-biv100-probe-3c2b1a09"
 
 
-class EchoingEngine(BaseHTTPRequestHandler):
+class EchoingEngine(JsonEngine):
     """An engine that answers every request with the Authorization header it got, as a
     careless error page might."""
 
     def do_GET(self):
-        body = json.dumps({"authorization": self.headers.get("Authorization")}).encode()
-        self.send_response(200)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def log_message(self, format, *args):
-        pass
+        self.send_json({"authorization": self.headers.get("Authorization")})
 
 
 @pytest.fixture

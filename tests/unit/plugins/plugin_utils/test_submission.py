@@ -306,7 +306,7 @@ def test_a_path_outside_the_serving_layer_or_not_plain_is_refused(path, why):
 
 def test_a_protected_file_is_refused(monkeypatch):
     from ansible_collections.biv100.serving.plugins.plugin_utils import _submission
-    monkeypatch.setattr(_submission, "PROTECTED_PATHS", frozenset({CHAT}))
+    monkeypatch.setattr(_submission, "PROTECTED_LOCATIONS", frozenset({CHAT}))
     with pytest.raises(SubmissionError, match=f"^host h1: {CHAT} is one of the protected files$"):
         build("sub510", fleet())
 
