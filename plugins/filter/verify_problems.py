@@ -7,15 +7,15 @@ from __future__ import annotations
 
 
 def verify_problems(checks: dict) -> list[str]:
-    """Sentences from verify.yml's registered checks (guard, release, engine, probes); empty
-    when the host is as deployed and its engine passes the probes. A host of several engine
-    instances gives `instances` ({name: {engine, probes}}) instead of engine and probes, and each
-    of their sentences starts with the instance's name."""
+    """Sentences from verify.yml's registered checks (guard, release, and each engine instance's
+    engine and probes under `instances`: {name: {engine, probes}}); empty when the host is as
+    deployed and its engines pass the probes. On a host of several instances each instance's
+    sentences start with its name."""
     found = [*_guard(checks.get("guard") or {}), *_release(checks.get("release") or {})]
-    if "instances" not in checks:
-        return found + _instance(checks)
-    for name, instance in checks["instances"].items():
-        found.extend(f"{name}: {sentence}" for sentence in _instance(instance or {}))
+    instances = checks.get("instances") or {}
+    for name, instance in instances.items():
+        prefix = f"{name}: " if len(instances) > 1 else ""
+        found.extend(prefix + sentence for sentence in _instance(instance or {}))
     return found
 
 

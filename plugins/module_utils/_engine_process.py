@@ -16,6 +16,10 @@ import time
 
 from ansible_collections.biv100.serving.plugins.module_utils._state_store import TIMESTAMP_FORMAT
 
+# Where the collection keeps the pid file of each engine it starts (<name>.pid): every engine in
+# it is one of the collection's, whatever the inventory names now.
+PID_DIR = "/run/biv100-serving"
+
 # How many log lines a failure message carries.
 LOG_TAIL_LINES = 40
 

@@ -313,6 +313,7 @@ from ansible_collections.biv100.serving.plugins.module_utils._engine_managers im
     choose_manager,
 )
 from ansible_collections.biv100.serving.plugins.module_utils._engine_pidfile import PidFileManager
+from ansible_collections.biv100.serving.plugins.module_utils._engine_process import PID_DIR
 from ansible_collections.biv100.serving.plugins.module_utils._state_store import atomic_write
 
 # The whole inherited environment of the engine, before env_file and env.
@@ -519,7 +520,7 @@ def main():
         supports_check_mode=True,
     )
     params = module.params
-    params["pid_file"] = params["pid_file"] or "/run/biv100-serving/%s.pid" % params["name"]
+    params["pid_file"] = params["pid_file"] or os.path.join(PID_DIR, params["name"] + ".pid")
     params["log_file"] = params["log_file"] or "/var/log/biv100-serving/%s.log" % params["name"]
     state, command = params["state"], params["command"]
     if command is not None and not command:

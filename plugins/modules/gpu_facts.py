@@ -35,8 +35,10 @@ options:
       - /usr/local/corex/bin64/ixsmi
   own_pid_file:
     description:
-      - The pid files of the collection's own engines (M(biv100.serving.engine_process)), one
-        per instance of a host that runs several.
+      - The pid files of the collection's own engines (M(biv100.serving.engine_process)); by
+        default every C(*.pid) file in C(/run/biv100-serving), where it keeps the pid file of
+        each engine it starts, so that an engine the inventory no longer names is still known
+        as the collection's.
       - Each engine runs in a process group of its own; GPU processes in that group are the
         engine's workers, marked C(own) and named by C(instance) (the pid file's name without
         C(.pid)), and do not make their GPU busy, so a redeploy finds the GPUs its running
@@ -133,9 +135,11 @@ gpu_facts:
 
 import csv
 import os
+import stat
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.biv100.serving.plugins.module_utils._engine_process import (
+    PID_DIR,
     is_alive,
     process_stat,
 )
@@ -217,6 +221,24 @@ def own_engine_group(pid_file):
     return pid if is_alive(pid) else None
 
 
+def own_pid_files(listed, pid_dir=PID_DIR):
+    """The pid files given, else every regular *.pid file in the collection's pid folder."""
+    if listed is not None:
+        return listed
+    try:
+        names = sorted(os.listdir(pid_dir))
+    except OSError:
+        return []
+    found = []
+    for path in (os.path.join(pid_dir, name) for name in names if name.endswith(".pid")):
+        try:
+            if stat.S_ISREG(os.lstat(path).st_mode):
+                found.append(path)
+        except OSError:
+            continue  # gone meanwhile: its engine stopped
+    return found
+
+
 def own_engine_groups(pid_files):
     """{process group: instance name} of the collection's running engines."""
     groups = {}
@@ -264,7 +286,7 @@ def gather(module):
     process_rows, _error = query(module, ixsmi, "--query-compute-apps", PROCESS_FIELDS)
     try:
         gpus = sorted((gpu_from_row(row) for row in gpu_rows), key=lambda gpu: gpu["index"])
-        processes = attach_processes(gpus, process_rows or [], own_engine_groups(module.params["own_pid_file"]))
+        processes = attach_processes(gpus, process_rows or [], own_engine_groups(own_pid_files(module.params["own_pid_file"])))
     except ValueError as exc:
         module.fail_json(msg="cannot parse the output of %s: %s" % (ixsmi, exc), ixsmi=ixsmi)
     return {

@@ -224,10 +224,16 @@ def file_drift(package_root, digests):
 
 
 def quality_score(record):
-    """The quality score a release record's gates hold, or None."""
-    quality = ((record or {}).get("gates") or {}).get("quality") or {}
-    score = quality.get("score")
-    return score if isinstance(score, (int, float)) and not isinstance(score, bool) else None
+    """The quality score a release record's gates hold (of its first instance by name that has
+    one: every instance serves the same release), or None."""
+    gates = (record or {}).get("gates") or {}
+    entries = ([gates["instances"][name] or {} for name in sorted(gates["instances"] or {})]
+               if "instances" in gates else [gates])
+    for entry in entries:
+        score = (entry.get("quality") or {}).get("score")
+        if isinstance(score, (int, float)) and not isinstance(score, bool):
+            return score
+    return None
 
 
 def quality_baseline(module, store, wanted):

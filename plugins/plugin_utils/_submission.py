@@ -251,11 +251,17 @@ def _listed(pairs) -> str:
 def _platform_run(host: _Host) -> str | None:
     """The run document the release recorded. The platform runs one engine: on a host of several
     instances, the run document of the first by name (the record keeps them sorted)."""
-    engine = host.record.get("engine")
-    if isinstance(engine, dict) and isinstance(engine.get("instances"), dict) and engine["instances"]:
-        engine = engine["instances"][min(engine["instances"])]
+    engine = _first_instance(host.record.get("engine"))
     text = engine.get("platform_run") if isinstance(engine, dict) else None
     return text if isinstance(text, str) and text.strip() else None
+
+
+def _first_instance(part):
+    """The entry of a record's part (engine, gates) for the instance the bundle carries: the
+    first by name of {"instances": {...}}, or the part itself in a record that names none."""
+    if isinstance(part, dict) and isinstance(part.get("instances"), dict) and part["instances"]:
+        return part["instances"][min(part["instances"])]
+    return part
 
 
 def _engine_difference(reference: str, expected: str, text: str | None) -> str | None:
@@ -475,7 +481,8 @@ def readme(bundle: Bundle, record: dict, included: list) -> str:
 
 
 def _gates_section(record: dict, reference: str, status: str) -> list[str]:
-    gates = record.get("gates") if isinstance(record.get("gates"), dict) else {}
+    gates = _first_instance(record.get("gates"))
+    gates = gates if isinstance(gates, dict) else {}
     bench = gates.get("bench") if isinstance(gates.get("bench"), dict) else None
     quality = gates.get("quality") if isinstance(gates.get("quality"), dict) else None
     parts = ["## Gate figures", "", f"As the release record on {reference} holds them."]

@@ -86,6 +86,11 @@ def current_release(host) -> dict:
     return json.loads((link.parent / os.readlink(link) / "release.json").read_text())
 
 
+def recorded(record: dict, part: str, instance: str = "vllm") -> dict:
+    """One engine instance's entry in a release record's engine or gates ({"instances": {...}})."""
+    return record[part]["instances"][instance]
+
+
 def copy_payload(tmp_path: Path) -> Path:
     payload = tmp_path / "payload"
     subprocess.run(["cp", "-r", str(PAYLOAD), str(payload)], check=True)

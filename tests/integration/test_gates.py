@@ -10,7 +10,7 @@ import json
 
 import pytest
 import yaml
-from lab_files import ALL_PROBES_PASSED, REPO, STATE, current_release, engine_pids, host_state
+from lab_files import ALL_PROBES_PASSED, REPO, STATE, current_release, engine_pids, host_state, recorded
 from playbook_runs import ONE_BATCH, run_playbook
 
 from engine_standin import speed_model
@@ -49,7 +49,7 @@ def first(lab, tmp_path_factory):
 def test_a_deploy_scores_every_host_and_keeps_the_figures_with_the_release(lab, first):
     for host in lab.hosts:
         record = current_release(host)
-        bench, quality = record["gates"]["bench"], record["gates"]["quality"]
+        bench, quality = recorded(record, "gates")["bench"], recorded(record, "gates")["quality"]
         assert record["status"] == "good" and bench["gate"] == {"score": 8000, "passed": True}
         assert bench["simulated"] and quality["simulated"] and quality["score"] == 1.0
         assert bench["requests"] == {"ok": 24, "failed": 0}
@@ -125,7 +125,7 @@ def test_a_release_too_slow_misses_the_throughput_gate_and_is_rolled_back(lab, f
     assert " < 8000: output " in message and "rolled back to sub510, engine healthy" in message
     assert current_release(slow)["id"] == "sub510"
     failed = json.loads(slow.path(f"{STATE}/releases/sub511/release.json").read_text())
-    assert failed["status"] == "failed" and failed["gates"]["bench"]["gate"]["passed"] is False
+    assert failed["status"] == "failed" and recorded(failed, "gates")["bench"]["gate"]["passed"] is False
     for host in lab.hosts:
         if host is not slow:
             assert current_release(host)["id"] == "sub511"

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from lab_files import STATE, current_release, engine_process
+from lab_files import STATE, current_release, engine_process, recorded
 from playbook_runs import REPO, run_playbook
 
 pytestmark = pytest.mark.lab
@@ -94,9 +94,9 @@ def test_a_vault_encrypted_api_key_reaches_the_engine_and_nothing_else(lab, tmp_
     env_file = host.path(ENV_FILE)
     assert files_holding(key, *(host.path(folder) for folder in HOST_FOLDERS)) == [env_file]
     assert env_file.stat().st_mode & 0o777 == 0o600
-    assert current_release(host)["engine"]["api_key_set"] is True
+    assert recorded(current_release(host), "engine")["api_key_set"] is True
     # The platform's run file the release records names the key and carries no value; no build
     # file has it.
-    run_file = yaml.safe_load(current_release(host)["engine"]["platform_run"])
+    run_file = yaml.safe_load(recorded(current_release(host), "engine")["platform_run"])
     assert run_file["secret_env"] == ["VLLM_API_KEY"]
     assert files_holding(key, REPO / "build") == []

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from lab_files import current_release
+from lab_files import current_release, recorded
 from lab_guard import built_lab
 from playbook_runs import ONE_BATCH, run_playbook
 
@@ -95,9 +95,9 @@ def test_the_bundle_carries_what_the_release_was_proven_with(lab, bundles):
     h1, h2 = lab.hosts[0], lab.hosts[1]
     record = current_release(h1)
     # The run file the release recorded, not one rendered from the inventory now.
-    assert (bundle / "computility-run.yaml").read_text() == record["engine"]["platform_run"]
+    assert (bundle / "computility-run.yaml").read_text() == recorded(record, "engine")["platform_run"]
     document = yaml.safe_load((bundle / "computility-run.yaml").read_text())
-    assert {key: document["parameters"][key] for key in record["engine"]["args"]} == record["engine"]["args"]
+    assert {key: document["parameters"][key] for key in recorded(record, "engine")["args"]} == recorded(record, "engine")["args"]
     assert document["env"]["PYTORCH_CUDA_ALLOC_CONF"] == "garbage_collection_threshold:0.8,max_split_size_mb:512"
     # One variant per vendor base: the vendor's (registry kept) and the unregistered one's
     # (registry patched); the upstream host serves another model, so it is left out, named.

@@ -15,7 +15,7 @@ from pathlib import Path
 from ansible.parsing.dataloader import DataLoader
 from ansible.parsing.vault import VaultSecret, VaultSecretsContext
 from ansible.plugins.loader import init_plugin_loader
-from ansible.template import Templar
+from ansible.template import Templar, trust_as_template
 
 REPO = Path(__file__).resolve().parents[3]
 ROLE = REPO / "roles" / "engine"
@@ -24,7 +24,7 @@ ROLE = REPO / "roles" / "engine"
 FACTS = {
     "ansible_facts": {
         "vllm_facts": {"interpreter": "/usr/local/corex/python3/bin/python3"},
-        "gpu_facts": {"free": [0, 1, 2, 3]},
+        "gpu_facts": {"count": 4, "free": [0, 1, 2, 3], "processes": []},
     },
 }
 
@@ -35,15 +35,21 @@ def render(request: dict) -> dict:
     secrets = [("default", VaultSecret(request["vault_password"].encode()))]
     loader.set_vault_secrets(secrets)
     VaultSecretsContext.initialize(VaultSecretsContext(secrets))
-    variables = {"role_path": str(ROLE), **FACTS}
+    variables = {"role_path": str(ROLE), "inventory_hostname": "bi-v100-01", **FACTS}
     for folder in ("defaults", "vars"):
         variables.update(loader.load_from_file(str(ROLE / folder / "main.yml"), trusted_as_template=True))
     variables.update(loader.load(request["inventory"]) or {})
     templar = Templar(loader=loader, variables=variables)
-    rendered = {name: templar.template(variables[name]) for name in request["names"]}
-    # The platform's run file, as a release records it and the submission bundle carries it.
-    rendered["run_file"] = templar.template(variables["engine_platform_run"])
-    return rendered
+    # As tasks_from: instances decides them and tasks_from: check judges them.
+    instances = templar.template(trust_as_template(
+        "{{ engine_instances | biv100.serving.engine_instances(inventory_hostname, engine_instance_defaults,"
+        " gpus=ansible_facts.gpu_facts, restore=engine_restore or none) }}"))
+    problems = Templar(loader=loader, variables={**variables, "instances": instances}).template(trust_as_template(
+        "{{ instances | biv100.serving.engine_instance_problems(inventory_hostname, ansible_facts.gpu_facts) }}"))
+    # The env file of the first instance, as the engine role writes it.
+    env_file = Templar(loader=loader, variables={**variables, "engine_instance": instances[0]}).template(
+        variables["engine_env_file_content"])
+    return {"instances": instances, "problems": problems, "engine_env_file_content": env_file}
 
 
 if __name__ == "__main__":

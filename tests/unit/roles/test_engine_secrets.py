@@ -21,8 +21,6 @@ REPO = Path(__file__).resolve().parents[3]
 RENDERER = Path(__file__).with_name("engine_role_vars.py")
 VAULT_PASSWORD = "biv100-unit-vault-password"
 SECRET = "sk-biv100-unit-5e3f0a7c9b1d"
-RENDERED = ["engine_env_file_content", "engine_launch", "engine_settings", "engine_record",
-            "engine_platform_env", "engine_platform_secret_env", "engine_secret_problems"]
 
 
 def vault_inline(value: str) -> str:
@@ -32,7 +30,7 @@ def vault_inline(value: str) -> str:
 
 
 def render(inventory: str = "") -> dict:
-    request = {"vault_password": VAULT_PASSWORD, "inventory": inventory, "names": RENDERED}
+    request = {"vault_password": VAULT_PASSWORD, "inventory": inventory}
     done = subprocess.run([sys.executable, str(RENDERER)], input=json.dumps(request),
                           capture_output=True, text=True, check=False)
     assert done.returncode == 0, done.stderr
@@ -49,26 +47,22 @@ def test_a_vault_encrypted_key_reaches_the_env_file(vaulted):
     assert f"\nVLLM_API_KEY={SECRET}\n" in vaulted["engine_env_file_content"]
 
 
-def test_the_key_is_on_no_command_line_release_record_or_platform_file(vaulted):
-    assert SECRET not in json.dumps(vaulted["engine_launch"])
-    assert SECRET not in json.dumps(vaulted["engine_settings"])
-    assert SECRET not in json.dumps(vaulted["engine_record"])
-    assert SECRET not in json.dumps(vaulted["engine_platform_env"])
-    assert SECRET not in vaulted["run_file"]
+def test_the_key_is_in_no_instance_value_command_line_release_record_or_platform_file(vaulted):
+    # The instance value is a fact: it must not carry the key in any of its parts.
+    assert SECRET not in json.dumps(vaulted["instances"])
 
 
 def test_a_release_record_says_a_key_was_set_and_not_which(vaulted):
-    assert vaulted["engine_settings"]["api_key_set"] is True
-    assert "VLLM_API_KEY" not in vaulted["engine_settings"]["env"]
-    assert render()["engine_settings"]["api_key_set"] is False
+    (instance,) = vaulted["instances"]
+    assert instance["record"]["api_key_set"] is True
+    assert "VLLM_API_KEY" not in instance["record"]["env"] and "VLLM_API_KEY" not in instance["env"]
+    assert render()["instances"][0]["record"]["api_key_set"] is False
 
 
 def test_the_platform_file_names_the_key_without_its_value(vaulted):
-    # A release records the very text the submission bundle carries.
-    assert vaulted["engine_record"]["platform_run"] == vaulted["run_file"]
-    run_file = yaml.safe_load(vaulted["run_file"])
+    run_file = yaml.safe_load(vaulted["instances"][0]["record"]["platform_run"])
     assert run_file["secret_env"] == ["VLLM_API_KEY"] and "VLLM_API_KEY" not in run_file["env"]
-    assert "secret_env" not in yaml.safe_load(render()["run_file"])
+    assert "secret_env" not in yaml.safe_load(render()["instances"][0]["record"]["platform_run"])
 
 
 def test_a_restored_release_runs_with_the_current_key():
@@ -80,13 +74,13 @@ def test_a_restored_release_runs_with_the_current_key():
                       f"engine_restore: {json.dumps(recorded)}\n")
 
     assert f"\nVLLM_API_KEY={SECRET}\n" in restored["engine_env_file_content"]
-    launch = restored["engine_launch"]
-    assert launch[launch.index("--max-num-seqs") + 1] == "4" and SECRET not in json.dumps(launch)
+    launch = restored["instances"][0]["command"]
+    assert launch[launch.index("--max-num-seqs") + 1] == "4" and SECRET not in json.dumps(restored["instances"])
 
 
 def test_the_key_as_an_engine_argument_or_variable_is_refused_without_showing_it():
     problems = render(f"engine_args: {json.dumps({**SUB168, 'api_key': SECRET})}\n"
-                      f"engine_env: {json.dumps({'VLLM_API_KEY': SECRET})}\n")["engine_secret_problems"]
+                      f"engine_env: {json.dumps({'VLLM_API_KEY': SECRET})}\n")["problems"]
 
     assert [problem.split(" would ")[0] for problem in problems] == [
         "engine_args.api_key", "engine_env.VLLM_API_KEY"]
@@ -136,14 +130,23 @@ def references(value, names: set[str], bare: bool = False) -> set[str]:
     return used
 
 
+def secret_parameters() -> set[str]:
+    """The roles' parameters their argument specs mark no_log: the playbooks pass the key in them."""
+    names = set()
+    for path in sorted(REPO.glob("roles/*/meta/argument_specs.yml")):
+        for entry in (yaml.safe_load(path.read_text())["argument_specs"] or {}).values():
+            names |= {name for name, spec in (entry.get("options") or {}).items() if spec.get("no_log")}
+    return names
+
+
 def carriers() -> set[str]:
-    """The variables whose value is the key or holds it: the key and, until nothing changes,
-    every role variable that refers to one of them."""
+    """The variables whose value is the key or holds it: the key, the roles' secret parameters
+    and, until nothing changes, every role variable that refers to one of them."""
     variables = {}
     for path in sorted(REPO.glob("roles/*/defaults/main.yml")) + sorted(REPO.glob("roles/*/vars/main.yml")):
         for name, value in (yaml.safe_load(path.read_text()) or {}).items():
             variables[name] = value
-    found = {KEY}
+    found = {KEY} | secret_parameters()
     while True:
         more = {name for name, value in variables.items() if name not in found and references(value, found)}
         if not more:
@@ -206,7 +209,7 @@ def exposures() -> list[str]:
 
 
 def test_the_key_and_the_variables_made_from_it_are_known():
-    assert carriers() == {KEY, "engine_host_env", "engine_env_file_content", "probe_api_key", "gates_api_key"}
+    assert carriers() == {KEY, "engine_env_file_content", "probe_api_key", "gates_api_key", "rollback_api_key"}
 
 
 def test_every_task_that_carries_the_key_keeps_it_out_of_its_output():
@@ -216,7 +219,7 @@ def test_every_task_that_carries_the_key_keeps_it_out_of_its_output():
 def test_a_task_that_would_show_the_key_is_found(monkeypatch):
     leaking = [
         {"name": "Show the env file", "ansible.builtin.debug": {"msg": "{{ engine_env_file_content }}"}},
-        {"name": "Show the env", "debug": {"var": "engine_host_env"}},
+        {"name": "Show the token", "debug": {"var": "probe_api_key"}},
         {"name": "Start", "biv100.serving.engine_process": {"env_file_content": "{{ engine_env_file_content }}"}},
         {"name": "Say whether", "ansible.builtin.debug": {"msg": "{{ engine_api_key | length > 0 }}"}},
         {"name": "Hidden", "no_log": True, "ansible.builtin.debug": {"msg": "{{ engine_api_key }}"}},
@@ -224,4 +227,4 @@ def test_a_task_that_would_show_the_key_is_found(monkeypatch):
     monkeypatch.setattr(sys.modules[__name__], "all_tasks", lambda: tasks_of(leaking, "leaking.yml"))
 
     assert exposures() == ["leaking.yml: Show the env file: ansible.builtin.debug msg",
-                           "leaking.yml: Show the env: debug var"]
+                           "leaking.yml: Show the token: debug var"]

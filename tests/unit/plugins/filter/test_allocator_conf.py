@@ -2,9 +2,9 @@ import pytest
 
 from engine_defaults import DEFAULT_ALLOCATOR_OPTIONS
 
-from ansible_collections.biv100.serving.plugins.filter.allocator_conf import (
+from ansible_collections.biv100.serving.plugins.filter.allocator_conf import FilterModule
+from ansible_collections.biv100.serving.plugins.plugin_utils._allocator_conf import (
     ALLOCATOR_OPTIONS,
-    FilterModule,
     allocator_conf,
     allocator_conf_problems,
 )

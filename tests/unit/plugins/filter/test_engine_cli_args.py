@@ -5,9 +5,9 @@ import vllm_sources
 
 from engine_defaults import SUB168
 
-from ansible_collections.biv100.serving.plugins.filter.engine_cli_args import (
+from ansible_collections.biv100.serving.plugins.filter.engine_cli_args import FilterModule
+from ansible_collections.biv100.serving.plugins.plugin_utils._engine_cli_args import (
     VLLM_0_10_1_1_ARGUMENTS,
-    FilterModule,
     engine_args_problems,
     engine_cli_args,
 )

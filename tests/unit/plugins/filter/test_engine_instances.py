@@ -1,6 +1,7 @@
 import pytest
+import yaml
 from ansible.errors import AnsibleFilterError
-from engine_defaults import SUB168
+from engine_defaults import DEFAULT_ALLOCATOR_OPTIONS, SUB168
 from host_facts import gpus
 
 from ansible_collections.biv100.serving.plugins.filter.engine_instances import (
@@ -8,26 +9,53 @@ from ansible_collections.biv100.serving.plugins.filter.engine_instances import (
     engine_instance_problems,
     engine_instances,
     instance_record,
-    instance_settings,
+    recorded_instance,
 )
 
-# The engine role's own variables, as the role's defaults set them.
-ROLE = {"name": "vllm", "port": 8000, "env_file": "/etc/biv100-serving/engine.env",
-        "log_file": "/var/log/biv100-serving/engine.log", "engine_args": SUB168}
+# The engine role's own variables (engine_instance_defaults), as the role's defaults set them.
+ENGINE = {"name": "vllm", "port": 8000, "env_file": "/etc/biv100-serving/engine.env",
+          "log_file": "/var/log/biv100-serving/engine.log", "visible_devices": "", "args": SUB168,
+          "allocator": DEFAULT_ALLOCATOR_OPTIONS, "env": {}, "allow_long_max_model_len": False,
+          "api_key_set": False, "model_path": "/opt/models/qwen3_5", "served_model_name": "qwen3_5",
+          "host": "0.0.0.0", "tool_call_parser": "qwen3_coder", "reasoning_parser": "qwen3",
+          "command": ["/usr/bin/python3", "-m", "vllm.entrypoints.openai.api_server"]}
 
 
-def resolve(instances, host_gpus=None, **role):
-    return engine_instances(instances, **{**ROLE, **role}, gpus=host_gpus)
+def resolve(instances, host_gpus=None, restore=None, host="lab-h5", **engine):
+    return engine_instances(instances, host, {**ENGINE, **engine}, gpus=host_gpus, restore=restore)
 
 
-def test_a_host_that_lists_no_instance_runs_the_one_engine_of_the_roles_variables():
+def test_a_host_that_lists_no_instance_runs_one_instance_of_the_roles_variables():
     (only,) = resolve([], gpus(8))
-    assert only == {"name": "vllm", "port": 8000, "gpus": "0,1,2,3", "group": [0, 1, 2, 3], "free_left": 8,
-                    "env_file": "/etc/biv100-serving/engine.env",
-                    "log_file": "/var/log/biv100-serving/engine.log", "args": SUB168}
+    assert {key: only[key] for key in ("name", "label", "port", "url", "gpus", "group", "env_file", "log_file")} == {
+        "name": "vllm", "label": "lab-h5", "port": 8000, "url": "http://127.0.0.1:8000", "gpus": "0,1,2,3",
+        "group": [0, 1, 2, 3], "env_file": "/etc/biv100-serving/engine.env",
+        "log_file": "/var/log/biv100-serving/engine.log"}
+    assert only["record"]["args"] == SUB168 and only["problems"] == []
     # engine_visible_devices is kept as written, UUIDs included.
     assert resolve(None, gpus(8), visible_devices="4,5,6,7")[0]["gpus"] == "4,5,6,7"
     assert resolve(None, gpus(8), visible_devices="GPU-1a,GPU-2b")[0]["gpus"] == "GPU-1a,GPU-2b"
+
+
+def test_the_value_carries_the_command_line_the_environment_and_the_platforms_run_file():
+    (only,) = resolve([], gpus(8), env={"VLLM_LOGGING_LEVEL": "INFO"}, api_key_set=True)
+    command = only["command"]
+    assert command[:3] == ENGINE["command"] and command[command.index("--port") + 1] == "8000"
+    assert "--enforce-eager" in command and command[command.index("--max-num-seqs") + 1] == "2"
+    assert only["env"] == {"PYTORCH_CUDA_ALLOC_CONF": "garbage_collection_threshold:0.8,max_split_size_mb:512",
+                           "VLLM_LOGGING_LEVEL": "INFO", "CUDA_VISIBLE_DEVICES": "0,1,2,3"}
+    run_file = yaml.safe_load(only["record"]["platform_run"])
+    assert run_file["command"][3:] == command[3:] and run_file["secret_env"] == ["VLLM_API_KEY"]
+    assert run_file["env"] == {"PYTORCH_CUDA_ALLOC_CONF": only["env"]["PYTORCH_CUDA_ALLOC_CONF"],
+                               "VLLM_LOGGING_LEVEL": "INFO"}
+    assert only["record"]["api_key_set"] is True and "CUDA_VISIBLE_DEVICES" not in only["record"]["env"]
+
+
+def test_the_key_given_as_an_argument_or_a_variable_is_a_problem_and_reaches_no_value():
+    (only,) = resolve([], gpus(8), args={**SUB168, "api_key": "s3cret"}, env={"VLLM_API_KEY": "s3cret"})
+    assert "s3cret" not in repr(only)
+    assert [problem.split(" would ")[0] for problem in engine_instance_problems([only], "lab-h5", gpus(8))] == [
+        "engine_args.api_key", "engine_env.VLLM_API_KEY"]
 
 
 def test_listed_instances_get_consecutive_free_groups_ports_and_files_of_their_own():
@@ -35,7 +63,9 @@ def test_listed_instances_get_consecutive_free_groups_ports_and_files_of_their_o
     assert (first["gpus"], first["port"], first["env_file"], first["log_file"]) == (
         "0,1,2,3", 8000, "/etc/biv100-serving/vllm-1.env", "/var/log/biv100-serving/vllm-1.log")
     assert (second["gpus"], second["port"], second["env_file"]) == ("4,5,6,7", 8001, "/etc/biv100-serving/vllm-2.env")
-    assert second["args"] == {**SUB168, "max_num_seqs": 4} and first["args"] == SUB168
+    assert second["record"]["args"] == {**SUB168, "max_num_seqs": 4} and first["record"]["args"] == SUB168
+    assert (first["label"], second["label"], second["url"]) == ("lab-h5/vllm-1", "lab-h5/vllm-2", "http://127.0.0.1:8001")
+    assert "8001" in second["command"] and "4,5,6,7" == second["env"]["CUDA_VISIBLE_DEVICES"]
 
 
 def test_auto_skips_the_gpus_another_instance_names_and_those_held_by_others():
@@ -87,29 +117,58 @@ def test_a_malformed_list_is_refused_naming_the_entry(instances, message):
         resolve(instances, gpus(8))
 
 
-def test_a_host_of_one_engine_records_its_values_as_before_and_one_of_several_records_each():
+def test_a_release_records_each_instance_by_name_and_one_summary():
     proven = {"vllm": {"engine": {"args": SUB168}, "gates": None, "summary": "75/75 probes passed"}}
-    assert instance_record(proven, "engine") == {"args": SUB168}
-    assert instance_record(proven, "gates") is None
-    assert instance_record(proven, "summary") == "75/75 probes passed"
+    one = resolve([], gpus(8))
+    assert instance_record(proven, "engine", one) == {"instances": {"vllm": {"args": SUB168}}}
+    assert instance_record(proven, "gates", one) is None
+    assert instance_record(proven, "summary", one) == "75/75 probes passed"
     several = {"vllm-1": {"engine": {"args": SUB168}, "gates": {"bench": {"score": 9000}}, "summary": "a"},
                "vllm-2": {"engine": {"args": {**SUB168, "max_num_seqs": 4}}, "gates": None, "summary": "b"}}
-    listed = [{"name": "vllm-1"}, {"name": "vllm-2"}]
+    listed = resolve([{"name": "vllm-1"}, {"name": "vllm-2"}], gpus(8))
     assert instance_record(several, "engine", listed) == {"instances": {name: several[name]["engine"] for name in several}}
     assert instance_record(several, "gates", listed) == {"instances": {"vllm-1": {"bench": {"score": 9000}}}}
     assert instance_record(several, "summary", listed) == "vllm-1: a; vllm-2: b"
 
 
-def test_an_instance_is_restored_with_what_its_release_recorded_for_it():
+def test_an_instance_is_read_from_a_record_of_either_shape():
     one = {"args": SUB168, "env": {}}
-    listed = [{"name": "vllm-1"}, {"name": "vllm-2"}]
-    assert instance_settings(one, "vllm") == one
-    assert instance_settings({"instances": {"vllm-2": one}}, "vllm-2", listed) == one
-    # Nothing recorded for it (a release of before instances, the vendor's files): the inventory's.
-    assert instance_settings({"instances": {"vllm-2": one}}, "vllm-1", listed) == {}
-    assert instance_settings(one, "vllm-1", listed) == {} and instance_settings(None, "vllm") == {}
+    assert recorded_instance({"instances": {"vllm-2": one}}, "vllm-2") == one
+    assert recorded_instance({"instances": {"vllm-2": one}}, "vllm-1") == {}
+    # A record of a host's one engine that names none.
+    assert recorded_instance(one, "vllm") == one
+    assert recorded_instance(None, "vllm") == {}
+
+
+def test_an_instance_is_restored_with_what_its_release_recorded_for_it():
+    recorded = {"instances": {"vllm-2": {"args": {**SUB168, "max_num_seqs": 8}, "env": {"X": "1"},
+                                         "platform_run": "ignored", "api_key_set": True}}}
+    first, second = resolve([{"name": "vllm-1"}, {"name": "vllm-2"}], gpus(8), restore=recorded)
+    assert first["record"]["args"] == SUB168
+    assert second["record"]["args"]["max_num_seqs"] == 8 and second["env"]["X"] == "1"
+    # Whether a key is required follows the inventory's key, not the record.
+    assert second["record"]["api_key_set"] is False
+    (only,) = resolve([], gpus(8), restore={"args": {**SUB168, "max_num_seqs": 1}})
+    assert only["record"]["args"]["max_num_seqs"] == 1
+
+
+def test_the_arguments_of_each_instance_are_judged_and_named_on_a_host_of_several():
+    (only,) = resolve([], gpus(8), args={**SUB168, "max_num_seqs": 0})
+    assert engine_instance_problems([only], "lab-h5", gpus(8)) == [
+        "engine_args.max_num_seqs is 0: it must be at least 1"]
+    listed = resolve([{"name": "vllm-1"}, {"name": "vllm-2", "engine_args": {"dtype": "fp16"}}], gpus(8),
+                     allocator={"expandable_segment": True})
+    problems = engine_instance_problems(listed, "lab-h5", gpus(8))
+    assert [problem for problem in problems if problem.startswith("lab-h5/vllm-2: engine_args.dtype")]
+    assert not [problem for problem in problems if problem.startswith("lab-h5/vllm-1: engine_args.dtype")]
+    assert sum("expandable_segment" in problem for problem in problems) == 1
+
+
+def test_engine_visible_devices_beside_a_list_is_refused():
+    with pytest.raises(AnsibleFilterError, match="engine_visible_devices applies to the one engine"):
+        resolve([{"name": "vllm-1"}], gpus(8), visible_devices="0,1,2,3")
 
 
 def test_the_filters_are_registered():
     assert set(FilterModule().filters()) == {"engine_instances", "engine_instance_problems", "instance_record",
-                                             "instance_settings"}
+                                             "recorded_instance"}

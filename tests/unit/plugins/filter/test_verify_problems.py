@@ -1,12 +1,18 @@
 from ansible_collections.biv100.serving.plugins.filter.verify_problems import verify_problems
 
+ENGINE = {"running": True, "drift": [], "env_file": "/etc/e.env", "env_file_matches": True}
+PROBES = {"probes": [{"name": "health", "passed": True, "guards": "g", "latency_ms": 3.0}],
+          "summary": "1/1 probes passed"}
 HEALTHY = {
     "guard": {"guard": {"mismatches": []}, "msg": "12 protected files as recorded (verify)"},
     "release": {"release": "sub510", "drift": []},
-    "engine": {"running": True, "drift": [], "env_file": "/etc/e.env", "env_file_matches": True},
-    "probes": {"probes": [{"name": "health", "passed": True, "guards": "g", "latency_ms": 3.0}],
-               "summary": "1/1 probes passed"},
+    "instances": {"vllm": {"engine": ENGINE, "probes": PROBES}},
 }
+
+
+def one_engine(engine, probes):
+    """The findings of a host of one engine instance."""
+    return {"vllm": {"engine": engine, "probes": probes}}
 
 
 def test_a_healthy_host_has_no_problem():
@@ -18,10 +24,11 @@ def test_each_finding_is_one_sentence():
         HEALTHY,
         guard={"msg": "model layer changed since first contact (verify): sequence.py sha256 a → b"},
         release={"release": "sub510", "drift": ["serving_chat.py: installed 1..., release 2..."]},
-        engine={"running": True, "drift": ["argument --max-num-seqs: running 1, desired 2"],
-                "env_file": "/etc/e.env", "env_file_matches": False},
-        probes={"probes": [{"name": "n-two", "passed": False, "guards": "n=2 failing",
-                            "failed_expectation": "status == `200`"}]},
+        instances=one_engine(
+            {"running": True, "drift": ["argument --max-num-seqs: running 1, desired 2"],
+             "env_file": "/etc/e.env", "env_file_matches": False},
+            {"probes": [{"name": "n-two", "passed": False, "guards": "n=2 failing",
+                         "failed_expectation": "status == `200`"}]}),
     )
     assert verify_problems(checks) == [
         "model layer: model layer changed since first contact (verify): sequence.py sha256 a → b",
@@ -34,8 +41,8 @@ def test_each_finding_is_one_sentence():
 
 def test_what_is_missing_is_a_finding_too():
     checks = dict(HEALTHY, release={"release": None, "drift": []},
-                  engine={"running": False, "env_file": "/etc/e.env", "env_file_matches": False},
-                  probes={"failed": True, "msg": "probe suite x.yml does not exist"})
+                  instances=one_engine({"running": False, "env_file": "/etc/e.env", "env_file_matches": False},
+                                       {"failed": True, "msg": "probe suite x.yml does not exist"}))
     assert verify_problems(checks) == [
         "release: none deployed on this host",
         "engine: not running",
@@ -46,7 +53,7 @@ def test_what_is_missing_is_a_finding_too():
 
 def test_each_engine_instance_of_a_host_is_judged_and_named():
     checks = {"guard": HEALTHY["guard"], "release": HEALTHY["release"], "instances": {
-        "vllm-1": {"engine": HEALTHY["engine"], "probes": HEALTHY["probes"]},
+        "vllm-1": {"engine": ENGINE, "probes": PROBES},
         "vllm-2": {"engine": {"running": False, "env_file": "/etc/v2.env", "env_file_matches": True},
                    "probes": {"failed": True, "msg": "connection refused"}},
     }}

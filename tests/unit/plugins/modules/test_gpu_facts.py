@@ -152,3 +152,17 @@ def test_a_pid_file_of_an_ended_engine_claims_nothing(tmp_path, run):
     ixsmi = fake_ixsmi(tmp_path, four_gpus(), f"{UUIDS[0]}, 999999999, python3, 1\n")
     _failed, result = run({"ixsmi_path": ixsmi, "own_pid_file": str(pid_file)})
     assert result["gpu_facts"]["free"] == [1, 2, 3]
+
+
+def test_without_pid_files_every_engine_of_the_collections_pid_folder_is_its_own(tmp_path, started_process):
+    # An engine the inventory no longer names is still the collection's: its pid file is there.
+    engine = started_process(["sleep", "60"])
+    (tmp_path / "renamed.pid").write_text(f"{engine.pid}\n")
+    (tmp_path / "not-a-pid-file.txt").write_text("1\n")
+    (tmp_path / "link.pid").symlink_to(tmp_path / "renamed.pid")
+    (tmp_path / "folder.pid").mkdir()
+    assert gpu_facts.own_pid_files(None, pid_dir=str(tmp_path)) == [str(tmp_path / "renamed.pid")]
+    assert gpu_facts.own_pid_files(["/given.pid"], pid_dir=str(tmp_path)) == ["/given.pid"]
+    assert gpu_facts.own_pid_files(None, pid_dir=str(tmp_path / "absent")) == []
+    groups = gpu_facts.own_engine_groups(gpu_facts.own_pid_files(None, pid_dir=str(tmp_path)))
+    assert list(groups.values()) == ["renamed"]

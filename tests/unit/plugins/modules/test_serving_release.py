@@ -228,3 +228,11 @@ def test_export_fails_naming_a_file_missing_from_the_release(release, store):
 def test_export_and_status_cannot_be_asked_together(release, store):
     failed = release(release="sub510", export=True, status="good").result
     assert failed["failed"] and "mutually exclusive" in failed["msg"]
+
+
+def test_the_quality_score_is_read_from_a_record_of_either_shape():
+    quality = {"quality": {"score": 0.9}}
+    assert serving_release.quality_score({"gates": quality}) == 0.9
+    assert serving_release.quality_score({"gates": {"instances": {"vllm-2": quality, "vllm-1": {"quality": None}}}}) == 0.9
+    assert serving_release.quality_score({"gates": {"instances": {"vllm": {"bench": {}}}}}) is None
+    assert serving_release.quality_score({}) is None

@@ -13,7 +13,7 @@ import pytest
 
 from engine_defaults import SUB168
 
-from ansible_collections.biv100.serving.plugins.filter.engine_cli_args import (
+from ansible_collections.biv100.serving.plugins.plugin_utils._engine_cli_args import (
     VLLM_0_10_1_1_ARGUMENTS,
 )
 from ansible_collections.biv100.serving.plugins.modules import vllm_facts

@@ -1,0 +1,317 @@
+# Copyright: biv100.serving maintainers
+# GNU General Public License v3.0+ (see LICENSES/GPL-3.0-or-later.txt or https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+"""The engine instances of a host, each one complete value that every phase takes as it is.
+
+A host runs one engine unless its inventory lists several in engine_instances (an 8-GPU host
+holds two TP=4 engines, a 16-GPU one four); a host that lists none runs the one engine of the
+engine role's variables, a list of one like any other. Each value carries everything the
+engine, probe, gates, rollback and verify phases need, decided here once: name, label, port,
+URL, GPU group, files, the command line, the environment (the clients' key aside: it is added
+to the env file by the engine role alone, so that no fact, record or log carries it), the
+settings a release records and the platform's run file.
+
+engine_instance_problems says, one sentence each, why the values cannot run on a host: their
+arguments and allocator options, names or ports used twice, GPU groups that overlap, a group
+smaller than the instance's tensor_parallel_size, GPUs the host does not have or that a
+foreign process holds.
+"""
+
+from __future__ import annotations
+
+import re
+
+import yaml
+from ansible.errors import AnsibleFilterError
+from ansible.parsing.yaml.dumper import AnsibleDumper
+
+from ansible_collections.biv100.serving.plugins.plugin_utils._allocator_conf import allocator_conf, allocator_conf_problems
+from ansible_collections.biv100.serving.plugins.plugin_utils._computility_run import computility_run
+from ansible_collections.biv100.serving.plugins.plugin_utils._engine_cli_args import engine_args_problems, engine_cli_args
+
+# A name becomes a pid file, a systemd unit and a supervisord program: plain characters only.
+NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
+KEYS = {"name", "port", "gpus", "env_file", "log_file", "engine_args"}
+AUTO = "auto"
+# The engine role's variables the values are made from (engine_instance_defaults).
+ENGINE_KEYS = {"name", "port", "env_file", "log_file", "visible_devices", "args", "allocator", "env",
+               "allow_long_max_model_len", "api_key_set", "model_path", "served_model_name", "host",
+               "tool_call_parser", "reasoning_parser", "command"}
+# What a release records of an instance's settings, and a rollback to it brings back.
+RECORDED = ("args", "allocator", "env", "visible_devices", "allow_long_max_model_len")
+# Launch arguments the role decides: the platform's run file lists them apart from engine_args.
+LAUNCH = ("model", "served_model_name", "host", "port")
+SECRET_ENV = "VLLM_API_KEY"
+
+
+def engine_instances(instances, host: str, engine: dict, gpus: dict | None = None,
+                     restore: dict | None = None) -> list[dict]:
+    """The host's instances, each a complete value (see the filter's documentation for its keys).
+
+    engine holds the engine role's variables (engine_instance_defaults): the one instance of a
+    host that lists none, and the defaults of a listed one (its port the role's plus its
+    position; its files named after it beside the role's). gpus are the host's GPU facts, for
+    `auto` groups; restore is a release record's engine, whose settings each instance it
+    recorded runs with instead of the inventory's.
+    """
+    missing = sorted(ENGINE_KEYS - set(engine or {}))
+    if missing:
+        raise AnsibleFilterError(f"engine_instances: the engine's {', '.join(missing)} not given")
+    listed = _listed(instances)
+    if listed and engine["visible_devices"]:
+        raise AnsibleFilterError(
+            f"{host}: engine_visible_devices applies to the one engine of a host that lists no instance: "
+            "give each of engine_instances its gpus")
+    if not listed:
+        listed = [{"name": engine["name"], "port": engine["port"], "gpus": AUTO,
+                   "env_file": engine["env_file"], "log_file": engine["log_file"]}]
+    resolved = []
+    for position, entry in enumerate(listed):
+        name = str(entry["name"])
+        settings = {"args": {**engine["args"], **(entry.get("engine_args") or {})},
+                    **{key: engine[key] for key in RECORDED if key != "args"}}
+        settings.update({key: value for key, value in recorded_instance(restore, name).items() if key in RECORDED})
+        resolved.append({
+            "name": name,
+            "label": host if len(listed) == 1 else f"{host}/{name}",
+            "port": entry.get("port", _int(engine["port"]) + position),
+            "gpus": settings["visible_devices"] or entry.get("gpus", AUTO),
+            "env_file": entry.get("env_file") or _beside(engine["env_file"], f"{name}.env"),
+            "log_file": entry.get("log_file") or _beside(engine["log_file"], f"{name}.log"),
+            "settings": settings,
+        })
+    _place(resolved, gpus)
+    return [_complete(instance, engine) for instance in resolved]
+
+
+def _complete(instance: dict, engine: dict) -> dict:
+    """The instance with what the phases derive from its settings: URL, command line,
+    environment, the release record and the platform's run file."""
+    settings = instance.pop("settings")
+    launch = {"model": engine["model_path"], "served_model_name": engine["served_model_name"],
+              "host": engine["host"], "port": instance["port"]}
+    full_args = {**settings["args"], **launch, "enable_auto_tool_choice": True,
+                 "tool_call_parser": engine["tool_call_parser"], "reasoning_parser": engine["reasoning_parser"]}
+    platform_env = {"PYTORCH_CUDA_ALLOC_CONF": allocator_conf(settings["allocator"]),
+                    **({"VLLM_ALLOW_LONG_MAX_MODEL_LEN": "1"} if settings["allow_long_max_model_len"] else {}),
+                    **settings["env"]}
+    secret_problems = _secret_problems(settings)
+    platform_run = None
+    if not secret_problems:
+        document = computility_run(
+            {key: value for key, value in full_args.items() if key not in LAUNCH}, platform_env,
+            model_path=engine["model_path"], served_model_name=engine["served_model_name"],
+            port=instance["port"], host=engine["host"],
+            secret_env=[SECRET_ENV] if engine["api_key_set"] else [])
+        platform_run = yaml.dump(document, Dumper=AnsibleDumper, indent=2, allow_unicode=True,
+                                 default_flow_style=False, sort_keys=False)
+    return {
+        **instance,
+        "url": f"http://127.0.0.1:{instance['port']}",
+        "served_model_name": engine["served_model_name"],
+        # A key given as an argument never reaches a command line: the problems name it instead.
+        "command": list(engine["command"]) + engine_cli_args(
+            {key: value for key, value in full_args.items() if key != "api_key"}),
+        "env": {**{key: value for key, value in platform_env.items() if key != SECRET_ENV},
+                "CUDA_VISIBLE_DEVICES": instance["gpus"]},
+        # Whether the engine requires a key, never the key: a release record says it was
+        # proven with one, and a restored engine takes the current one.
+        "record": {**settings, "args": {key: value for key, value in settings["args"].items() if key != "api_key"},
+                   "env": {key: value for key, value in settings["env"].items() if key != SECRET_ENV},
+                   "api_key_set": bool(engine["api_key_set"]), "platform_run": platform_run},
+        "full_args": {key: value for key, value in full_args.items() if key != "api_key"},
+        "problems": secret_problems,
+    }
+
+
+def _secret_problems(settings: dict) -> list[str]:
+    """The clients' key goes only through engine_api_key, which reaches the env file alone: as an
+    argument it would be on the command line any user of the host can read, as an engine_env
+    variable in the release record and the platform's run file."""
+    problems = []
+    if "api_key" in settings["args"]:
+        problems.append("engine_args.api_key would put the clients' key on the engine's command line: "
+                        "set engine_api_key (in Ansible Vault) instead")
+    if SECRET_ENV in settings["env"]:
+        problems.append("engine_env.VLLM_API_KEY would record the key with the release and in the platform's "
+                        "run file: set engine_api_key (in Ansible Vault) instead")
+    return problems
+
+
+def engine_instance_problems(instances: list[dict], host: str, gpus: dict | None = None,
+                             vllm: dict | None = None) -> list[str]:
+    """Why the instances cannot run on the host, one sentence each; [] when they can. Without GPU
+    facts (a run that skips the engine phase) the GPUs are not judged; with the host's vLLM facts
+    (vllm_facts) the arguments are judged against its CLI and its model."""
+    problems = []
+    for instance in instances:
+        prefix = "" if instance["label"] == host else f"{instance['label']}: "
+        problems += [prefix + problem for problem in _argument_problems(instance, gpus, vllm)]
+        problems += [problem for problem in instance["problems"] + allocator_conf_problems(instance["record"]["allocator"])
+                     if problem not in problems]
+    for key in ("name", "port"):
+        seen: dict = {}
+        for instance in instances:
+            value = instance[key]
+            if value in seen:
+                problems.append(f"{host}/{instance['name']}: {key} {value} is also {host}/{seen[value]}'s")
+            seen.setdefault(value, instance["name"])
+    for instance in instances:
+        label = f"{host}/{instance['name']}"
+        if not NAME.fullmatch(instance["name"]):
+            problems.append(f"{label}: an instance's name is letters, digits, '_', '.' and '-'")
+        if not isinstance(instance["port"], int) or isinstance(instance["port"], bool) or not 0 < instance["port"] < 65536:
+            problems.append(f"{label}: port {instance['port']!r} is not a TCP port")
+    if gpus is None:
+        return problems
+    return problems + _gpu_problems(instances, host, gpus)
+
+
+def _argument_problems(instance: dict, gpus: dict | None, vllm: dict | None) -> list[str]:
+    model = (vllm or {}).get("model") or {}
+    return engine_args_problems(
+        instance["full_args"],
+        gpus_free=len((gpus or {}).get("free", [])) if gpus is not None else None,
+        max_position_embeddings=model.get("max_position_embeddings"),
+        allow_long_max_model_len=instance["record"]["allow_long_max_model_len"],
+        known_flags=((vllm or {}).get("cli") or {}).get("arguments"))
+
+
+def _gpu_problems(instances: list[dict], host: str, gpus: dict) -> list[str]:
+    problems = []
+    owner: dict[int, str] = {}
+    holders = {}
+    for process in gpus.get("processes") or []:
+        if not process.get("own"):
+            holders.setdefault(process["gpu_index"], f"pid {process['pid']} ({process['name']})")
+    for instance in instances:
+        label = f"{host}/{instance['name']}"
+        size = instance["record"]["args"].get("tensor_parallel_size", 1)
+        group = instance["group"]
+        if group is None and instance.get("free_left") is None:
+            continue  # GPUs named by UUID: the host's own runtime judges them
+        if group is None:
+            problems.append(f"{label}: tensor_parallel_size is {size} but only {instance['free_left']} "
+                            f"free GPU{'s are' if instance['free_left'] != 1 else ' is'} left for it "
+                            f"(gpus: auto); held: {_held(holders) or 'none'}")
+            continue
+        missing = [index for index in group if index >= gpus["count"]]
+        if missing:
+            problems.append(f"{label}: GPU {_indexes(missing)} not on the host, which has {gpus['count']}")
+        if len(group) < size:
+            problems.append(f"{label}: tensor_parallel_size is {size} but its GPU group {_indexes(group)} "
+                            f"has {len(group)}")
+        shared = [index for index in group if index in owner]
+        if shared:
+            problems.append(f"{label}: GPU {_indexes(shared)} also in {host}/{owner[shared[0]]}'s group")
+        held = [index for index in group if index in holders]
+        if held:
+            problems.append(f"{label}: GPU {_indexes(held)} held by another process: "
+                            + ", ".join(f"GPU {index} by {holders[index]}" for index in held))
+        for index in group:
+            owner.setdefault(index, instance["name"])
+    return problems
+
+
+def _place(instances: list[dict], gpus: dict | None) -> None:
+    """Give each `auto` instance the next tensor_parallel_size free GPUs in index order, after
+    the GPUs named by the others; set each instance's group (None when too few are left)."""
+    named = set()
+    for instance in instances:
+        if instance["gpus"] != AUTO:
+            instance["group"] = _group(instance)
+            named.update(instance["group"] or ())
+    free = [index for index in (gpus or {}).get("free", []) if index not in named]
+    for instance in instances:
+        if instance["gpus"] != AUTO:
+            # Text is kept as written: it is the engine's CUDA_VISIBLE_DEVICES.
+            if not isinstance(instance["gpus"], str):
+                instance["gpus"] = ",".join(str(index) for index in instance["group"])
+            continue
+        size = instance["settings"]["args"].get("tensor_parallel_size", 1)
+        instance["free_left"] = len(free)
+        if gpus is None:
+            instance.update(gpus="", group=[])
+        elif len(free) < size:
+            instance.update(gpus="", group=None)
+        else:
+            taken, free = free[:size], free[size:]
+            instance.update(gpus=",".join(str(index) for index in taken), group=taken)
+
+
+def _group(instance: dict) -> list[int] | None:
+    """The GPU indexes an instance names; None for CUDA_VISIBLE_DEVICES text of other forms
+    (GPU UUIDs), which is passed on as written and cannot be checked against the host's."""
+    value = instance["gpus"]
+    if isinstance(value, str):
+        items = value.split(",")
+        if not all(item.strip().isdigit() for item in items):
+            return None
+    elif isinstance(value, list) and all(isinstance(item, int) and not isinstance(item, bool) for item in value):
+        items = value
+    else:
+        raise AnsibleFilterError(
+            f"instance {instance['name']}: gpus is {value!r}; give auto, GPU indexes as a list, or "
+            "CUDA_VISIBLE_DEVICES text (0,1,2,3)")
+    return [int(str(item).strip()) for item in items]
+
+
+def _listed(instances) -> list[dict]:
+    if instances in (None, "", []):
+        return []
+    if not isinstance(instances, list):
+        raise AnsibleFilterError(f"engine_instances is {type(instances).__name__}: a list of instances")
+    for position, entry in enumerate(instances, 1):
+        if not isinstance(entry, dict) or "name" not in entry:
+            raise AnsibleFilterError(f"engine_instances[{position}] needs at least a name")
+        unknown = sorted(set(entry) - KEYS)
+        if unknown:
+            raise AnsibleFilterError(f"engine_instances[{position}] ({entry['name']}): unknown key "
+                                     f"{', '.join(unknown)}; an instance takes {', '.join(sorted(KEYS))}")
+        if not isinstance(entry.get("engine_args") or {}, dict):
+            raise AnsibleFilterError(f"engine_instances[{position}] ({entry['name']}): engine_args is not a dict")
+    return instances
+
+
+def _beside(path: str, name: str) -> str:
+    folder = path.rpartition("/")[0]
+    return f"{folder}/{name}" if folder else name
+
+
+def _int(value) -> int:
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        raise AnsibleFilterError(f"engine_port is {value!r}, not a port number") from None
+
+
+def _indexes(indexes) -> str:
+    return ",".join(str(index) for index in indexes)
+
+
+def _held(holders: dict) -> str:
+    return ", ".join(f"GPU {index} by {holder}" for index, holder in sorted(holders.items()))
+
+
+def instance_record(proven: dict, key: str, instances=()):
+    """What a release records of its instances' `key` from {instance: {key: value}}: for engine
+    and gates, {"instances": {name: value}}; for the summary, one text (each instance's named
+    when the host runs several). None when no instance has a value."""
+    values = {name: entry.get(key) for name, entry in (proven or {}).items() if entry.get(key) is not None}
+    if not values:
+        return None
+    if key != "summary":
+        return {"instances": values}
+    if len(instances) <= 1:
+        return "; ".join(values.values())
+    return "; ".join(f"{name}: {value}" for name, value in values.items())
+
+
+def recorded_instance(part: dict | None, name: str) -> dict:
+    """One instance's entry in a part of a release record (engine, gates): {"instances": {name:
+    ...}}, or the entry itself in a record of a host's one engine that names none; {} when the
+    record holds nothing for it."""
+    part = part or {}
+    if "instances" in part:
+        return (part["instances"] or {}).get(name) or {}
+    return part
