@@ -31,11 +31,9 @@ description:
     an earlier run recorded are guarded even where O(ignore) or the serving layer would leave
     them out.
   - A file can enter the guard's scope without having been added to the model layer, and is
-    then recorded without failing, the message saying why. A baseline recorded by a guard that
-    covered only the protected files (no C(scope) in the document) is compared on the paths it
-    holds and widened to the whole model layer; afterwards a file appearing there fails. A path
-    O(ignore) no longer matches is recorded as it is found; a recorded path O(ignore) now
-    matches is dropped; an O(extra) path is recorded when first asked for.
+    then recorded without failing, the message saying why: a path O(ignore) no longer matches
+    is recorded as it is found; a recorded path O(ignore) now matches is dropped; an O(extra)
+    path is recorded when first asked for.
   - The baseline is never rewritten when a file differs from it. After a deliberate upgrade
     of the vendor base, O(rebaseline=true) records the current model layer in its place.
 author:
@@ -145,10 +143,7 @@ guard:
       type: str
       sample: "2026-05-09T07:35:25Z"
     scope:
-      description:
-        - What the baseline covers after this run, C(model-layer); C(protected) for a baseline
-          of an earlier guard that covered only the protected files, left so when the run fails
-          before widening it.
+      description: What the baseline covers, C(model-layer).
       type: str
       sample: model-layer
     checked:
@@ -243,10 +238,9 @@ from ansible_collections.biv100.serving.plugins.module_utils._state_store import
 )
 from ansible_collections.biv100.serving.plugins.module_utils._vllm_layout import PROTECTED_FILES, sha256_file
 
-# The baseline's `scope` once it covers the whole model layer. A baseline without it was
-# recorded by an earlier guard that covered only the protected files.
+# The baseline's `scope`: it covers the whole model layer. A document without it is not one of
+# the guard's baselines.
 MODEL_LAYER = "model-layer"
-PROTECTED_ONLY = "protected"
 # Byte code caches are written by the interpreter whenever a source is newer than its cache,
 # so they appear with the engine's first start; they are left out. A hand-made .pyc whose
 # header matches its source would run unseen: that limit is in the module's notes.
@@ -268,7 +262,6 @@ _SHA256_LENGTH = 64
 _HEX_DIGITS = frozenset("0123456789abcdef")
 
 # Why a path entered the baseline after first contact, or left it.
-WIDENED = "widened"
 UNIGNORED = "no longer ignored"
 NEWLY_GUARDED = "newly guarded"
 NOW_IGNORED = "now ignored"
@@ -400,10 +393,9 @@ class Scope(object):
 
 def covered(baseline, path):
     """Whether the baseline's scope took `path` in when recorded: then a file there that it
-    lacks was added since. A baseline of the earlier guard covered only what it holds."""
+    lacks was added since."""
     return (
-        baseline.get("scope") == MODEL_LAYER
-        and not in_serving_trees(path)
+        not in_serving_trees(path)
         and not skipped_folder(path)
         and not matches(baseline.get("ignore", ()), path)
     )
@@ -411,8 +403,6 @@ def covered(baseline, path):
 
 def entered_scope(baseline, path):
     """Why a file the baseline lacks is recorded rather than reported as added."""
-    if baseline.get("scope") != MODEL_LAYER:
-        return WIDENED
     if matches(baseline.get("ignore", ()), path):
         return UNIGNORED
     return NEWLY_GUARDED
@@ -475,7 +465,7 @@ class Outcome(object):
     def report(self, rebaselined=False):
         return {
             "baseline_recorded_at": self.document["recorded_at"],
-            "scope": self.document.get("scope", PROTECTED_ONLY),
+            "scope": self.document["scope"],
             "checked": len(self.current),
             "ignored": self.ignored,
             "files": self.current,
@@ -615,6 +605,7 @@ def well_formed(document):
         and isinstance(document.get("package_root"), str)
         and isinstance(document.get("recorded_at"), str)
         and isinstance(document.get("ignore", []), list)
+        and document.get("scope") == MODEL_LAYER
     )
 
 
@@ -732,13 +723,6 @@ def scope_changes(outcome, baseline):
     def paths_for(reasons, reason):
         return sorted(path for path, why in reasons.items() if why == reason)
 
-    widened = paths_for(outcome.recorded, WIDENED)
-    if widened:
-        yield (
-            "the baseline held only the protected files (an earlier guard's): recorded %s, "
-            "the whole model layer; a file added there fails the guard from now on"
-            % plural(len(widened), "more path")
-        )
     for verb, reasons, reason in (
         ("recorded", outcome.recorded, UNIGNORED),
         ("recorded", outcome.recorded, NEWLY_GUARDED),

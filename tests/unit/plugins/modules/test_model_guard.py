@@ -674,51 +674,20 @@ def test_the_registry_named_in_extra_stays_guarded(real_guard, real_root, state_
     assert failed and kinds(result) == {REGISTRY: "changed"}
 
 
-def old_guard_baseline(real_guard, root, state_dir):
-    """What the guard wrote before it covered the model layer: the brief's names as vllm_facts
-    resolves them, and the other locations of the absent ones as absent; no scope."""
-    files = {}
-    for name, entry in resolve_files(str(root), PROTECTED_FILES).items():
-        paths = [entry["path"]] if entry["path"] else PROTECTED_FILES[name]
-        files.update((path, sha256_of(root / path) if entry["path"] else None) for path in paths)
-    document = {"recorded_at": "2026-01-05T10:00:00Z", "package_root": str(root), "files": files}
+def test_a_document_without_the_model_layer_scope_is_no_baseline(real_guard, real_root, state_dir):
+    # The brief's names alone, no scope: not a document the guard writes. Nothing is guessed
+    # from it; a deliberate rebaseline records the model layer in its place.
+    files = {entry["path"]: sha256_of(real_root / entry["path"])
+             for entry in resolve_files(str(real_root), PROTECTED_FILES).values() if entry["path"]}
+    document = {"recorded_at": "2026-01-05T10:00:00Z", "package_root": str(real_root), "files": files}
     baseline_file(state_dir).parent.mkdir(parents=True)
-    baseline_file(state_dir).write_text(json.dumps(document, indent=1, sort_keys=True) + "\n")
-    return document
-
-
-def test_an_old_baseline_is_widened_without_failing(real_guard, real_root, state_dir):
-    old = old_guard_baseline(real_guard, real_root, state_dir)
-    assert len(old["files"]) == 12 and V1_SCHEDULER not in old["files"]
+    baseline_file(state_dir).write_text(json.dumps(document) + "\n")
     failed, result = real_guard(phase="before stage")
-    assert not failed and result["changed"] is True
-    assert "the baseline held only the protected files" in result["msg"]
-    assert "a file added there fails the guard from now on" in result["msg"]
-    widened = baseline(state_dir)
-    assert widened["scope"] == "model-layer" and widened["ignore"] == []
-    assert widened["recorded_at"] == old["recorded_at"]
-    assert widened["files"][V1_SCHEDULER] == sha256_of(real_root / V1_SCHEDULER)
-    assert set(result["guard"]["recorded"]) == set(widened["files"]) - set(old["files"])
-    write(real_root, "model_executor/models/evil.py", "import os\n")
-    failed, result = real_guard()
-    assert failed and kinds(result) == {"model_executor/models/evil.py": "added"}
-
-
-def test_an_old_baseline_still_fails_on_what_it_recorded(real_guard, real_root, state_dir):
-    old_guard_baseline(real_guard, real_root, state_dir)
-    append(real_root, "core/scheduler.py")
-    failed, result = real_guard()
-    assert failed and kinds(result) == {"core/scheduler.py": "changed"}
-    assert "protected scheduler.py (core/scheduler.py) changed" in result["msg"]
-    assert "scope" not in baseline(state_dir)
-
-
-def test_check_mode_does_not_widen_an_old_baseline(real_guard, real_root, state_dir):
-    old = old_guard_baseline(real_guard, real_root, state_dir)
-    failed, result = real_guard(_ansible_check_mode=True, _ansible_diff=True)
-    assert not failed and result["changed"] is True
-    assert baseline(state_dir) == old
-    assert json.loads(result["diff"]["after"])["scope"] == "model-layer"
+    assert failed and "is not a guard baseline: run with rebaseline=true" in result["msg"]
+    assert json.loads(baseline_file(state_dir).read_text()) == document
+    failed, result = real_guard(rebaseline=True)
+    assert not failed and baseline(state_dir)["scope"] == "model-layer"
+    assert baseline(state_dir)["files"][V1_SCHEDULER] == sha256_of(real_root / V1_SCHEDULER)
 
 
 def test_a_changed_ignore_list_drops_and_records_saying_so(real_guard, real_root, state_dir):
