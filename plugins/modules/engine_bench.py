@@ -107,7 +107,9 @@ options:
     description:
       - An environment file on the host (C(NAME=value) lines, as the engine role writes
         C(engine_env_file)) whose C(VLLM_API_KEY) is the bearer token, when O(api_key) is not
-        given.
+        given; it is read as systemd's C(EnvironmentFile=) reads it, as
+        M(biv100.serving.engine_process) does, and a line that is not C(NAME=value) fails the
+        task.
       - The task's way to give the key - its action refuses O(api_key), because an async job's
         arguments are written to a file on the host - so that the key stays in the one file
         the engine reads it from.
@@ -430,6 +432,7 @@ from ansible_collections.biv100.serving.plugins.module_utils._engine_http import
     EngineClient,
     EngineHttpError,
 )
+from ansible_collections.biv100.serving.plugins.module_utils._env_file import read_env_file
 
 CHAT_PATH = "/v1/chat/completions"
 SIMULATED_HEADER = "x-biv100-simulated"
@@ -692,13 +695,8 @@ def run_phase(jobs, concurrency, sender, progress, records, offset):
 
 
 def key_from_env_file(path):
-    """VLLM_API_KEY's value in an environment file of NAME=value lines, or None."""
-    with open(path, encoding="utf-8") as stream:
-        for line in stream:
-            name, sep, value = line.rstrip("\n").partition("=")
-            if sep and name.strip() == "VLLM_API_KEY":
-                return value
-    return None
+    """VLLM_API_KEY's value in the engine's env file, or None."""
+    return read_env_file(path).get("VLLM_API_KEY")
 
 
 def run_bench(params, api_key=None, clock=time.perf_counter):
@@ -781,7 +779,7 @@ def main():
     if not api_key and params["api_key_env_file"]:
         try:
             api_key = key_from_env_file(params["api_key_env_file"])
-        except (OSError, UnicodeDecodeError) as error:
+        except (OSError, ValueError) as error:
             module.fail_json(msg="api_key_env_file %s: %s" % (params["api_key_env_file"], error))
         if api_key:
             # Masked wherever the module reports, as an option marked no_log would be.
