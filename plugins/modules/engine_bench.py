@@ -480,7 +480,8 @@ class Sender(object):
                 if answer.header(SIMULATED_HEADER) is not None:
                     self.simulated = True
                 if answer.status != 200:
-                    record["error"] = ("HTTP %d: %s" % (answer.status, answer.error_detail(EXCERPT_CHARS)))[:EXCERPT_CHARS]
+                    detail = answer.error_detail(EXCERPT_CHARS)
+                    record["error"] = ("HTTP %d: %s" % (answer.status, detail))[:EXCERPT_CHARS]
                 elif stream:
                     self.read_events(answer, record, deadline)
                 else:
