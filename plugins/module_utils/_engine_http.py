@@ -43,7 +43,7 @@ Event.__doc__ = """One server-sent event: its data lines joined by newlines, its
 
 
 class EngineHttpError(Exception):
-    """A request that got no whole answer; `reason` says why without the URL, the message
+    """A request to the engine that failed; `reason` says why without the URL, the message
     names the method and URL as well."""
 
     def __init__(self, method, url, reason, message=None):
@@ -54,7 +54,7 @@ class EngineHttpError(Exception):
 
 
 class EngineStatusError(EngineHttpError):
-    """An answer of another status than the one expected, with the error its body carries."""
+    """An answer whose status is not the one the caller wanted, with the error its body carries."""
 
     def __init__(self, method, url, status, body, detail):
         super(EngineStatusError, self).__init__(
@@ -201,6 +201,9 @@ class Answer(object):
         return EngineHttpError(self.method, self.url, failure_reason(error, self._read_timeout))
 
     def close(self):
+        # An answer that ends the connection (HTTP/1.0, Connection: close) holds the socket
+        # itself; closing the connection alone would leave it open.
+        self._response.close()
         self._connection.close()
 
     def __enter__(self):
