@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import socket
-import threading
 import time
 import urllib.request
 from http.server import BaseHTTPRequestHandler
