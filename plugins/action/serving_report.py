@@ -33,7 +33,7 @@ from ansible_collections.biv100.serving.plugins.callback.ledger import (
     ledger_home,
     project_root,
 )
-from ansible_collections.biv100.serving.plugins.module_utils._state_store import atomic_write
+from ansible_collections.biv100.serving.plugins.plugin_utils._atomic_file import write_atomic
 from ansible_collections.biv100.serving.plugins.plugin_utils._report import (
     INDEX,
     PLOTS,
@@ -82,7 +82,7 @@ def write_changed(dest: Path, files: dict[str, bytes], check: bool) -> list[str]
             continue
         changed.append(name)
         if not check:
-            atomic_write(str(path), data)
+            write_atomic(path, data)
     return changed
 
 

@@ -84,7 +84,8 @@ from ansible.plugins.callback import CallbackBase
 from ansible.template import Templar
 
 from ansible_collections.biv100.serving.plugins.filter.probe_summary import probe_summary
-from ansible_collections.biv100.serving.plugins.module_utils._state_store import atomic_write, utc_timestamp
+from ansible_collections.biv100.serving.plugins.module_utils._state_store import utc_timestamp
+from ansible_collections.biv100.serving.plugins.plugin_utils._atomic_file import write_atomic
 from ansible_collections.biv100.serving.plugins.plugin_utils._report import figure_cells
 
 LEDGER_FILE = "ledger.jsonl"
@@ -318,7 +319,7 @@ def merge_ledger(old: Path, new: Path) -> None:
                 if text.strip():
                     lines.setdefault(text, json.loads(text))
     merged = sorted(lines.items(), key=lambda item: str(item[1].get("time", "")))
-    atomic_write(str(new / LEDGER_FILE), "".join(text + "\n" for text, line in merged).encode("utf-8"))
+    write_atomic(new / LEDGER_FILE, "".join(text + "\n" for text, line in merged))
     write_table(new / TABLE_FILE, [line for text, line in merged])
     for path in [old / LEDGER_FILE, old / TABLE_FILE, *old.glob(f".{TABLE_FILE}.*")]:
         path.unlink(missing_ok=True)
@@ -535,6 +536,4 @@ def write_table(path: Path, lines: list[dict]) -> None:
             f"Generated from {LEDGER_FILE} by the biv100.serving.ledger callback; do not edit.", "",
             "| " + " | ".join(COLUMNS) + " |", "|" + " --- |" * len(COLUMNS)]
     rows += ["| " + " | ".join(cell(value) for value in table_row(line)) + " |" for line in lines]
-    staged = path.with_name(f".{path.name}.{os.getpid()}")
-    staged.write_text("\n".join(rows) + "\n", encoding="utf-8")
-    os.replace(staged, path)
+    write_atomic(path, "\n".join(rows) + "\n")

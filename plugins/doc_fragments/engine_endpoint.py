@@ -16,6 +16,8 @@ options:
       - The engine's base URL as the host reaches it - normally its own loopback address, so
         the engine's port need not be reachable from the controller.
       - The roles make it from C(engine_port).
+      - It is contacted directly; C(http_proxy), C(https_proxy) and the other proxy variables
+        of the environment are ignored.
     type: str
     default: http://127.0.0.1:8000
   api_key:

@@ -121,20 +121,31 @@ def fsync_dir(path):
 
 
 def atomic_write(path, data, mode=0o644):
-    """Write bytes to path through a temporary file in the same directory, then rename."""
-    directory = os.path.dirname(path)
+    """Replace the file at path with the bytes `data`, whole or not at all.
+
+    The bytes go to a temporary file in the same folder (a rename never crosses filesystems),
+    which gets `mode`, is fsynced and renamed over path; then the folder is fsynced, so that
+    the rename itself outlives a crash. A failure before the rename leaves path as it was and
+    no temporary file. Missing folders on the way are made.
+    """
+    directory = os.path.dirname(path) or "."
     os.makedirs(directory, exist_ok=True)
     fd, staged = tempfile.mkstemp(prefix="." + os.path.basename(path) + ".", dir=directory)
     try:
-        with os.fdopen(fd, "wb") as stream:
-            stream.write(data)
-            stream.flush()
-            os.fsync(stream.fileno())
-        os.chmod(staged, mode)
+        try:
+            os.fchmod(fd, mode)
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view):]
+            os.fsync(fd)
+        finally:
+            os.close(fd)
         os.replace(staged, path)
     except BaseException:
-        if os.path.exists(staged):
+        try:
             os.unlink(staged)
+        except FileNotFoundError:
+            pass
         raise
     fsync_dir(directory)
 

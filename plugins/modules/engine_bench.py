@@ -107,7 +107,9 @@ options:
     description:
       - An environment file on the host (C(NAME=value) lines, as the engine role writes
         C(engine_env_file)) whose C(VLLM_API_KEY) is the bearer token, when O(api_key) is not
-        given.
+        given; it is read as systemd's C(EnvironmentFile=) reads it, as
+        M(biv100.serving.engine_process) does, and a line that is not C(NAME=value) fails the
+        task.
       - The task's way to give the key - its action refuses O(api_key), because an async job's
         arguments are written to a file on the host - so that the key stays in the one file
         the engine reads it from.
@@ -410,11 +412,9 @@ results_file:
 
 import json
 import os
-import socket
 import tempfile
 import threading
 import time
-from http.client import HTTPConnection, HTTPException
 from urllib.parse import urlsplit
 
 from ansible.module_utils.basic import AnsibleModule
@@ -428,6 +428,11 @@ from ansible_collections.biv100.serving.plugins.module_utils._bench_options impo
     REQUIRED_ONE_OF,
     argument_spec,
 )
+from ansible_collections.biv100.serving.plugins.module_utils._engine_http import (
+    EngineClient,
+    EngineHttpError,
+)
+from ansible_collections.biv100.serving.plugins.module_utils._env_file import read_env_file
 
 CHAT_PATH = "/v1/chat/completions"
 SIMULATED_HEADER = "x-biv100-simulated"
@@ -437,27 +442,10 @@ KEPT_FAILURES = 10
 EXCERPT_CHARS = 300
 
 
-def connection_for(url, timeout):
-    parts = urlsplit(url)
-    if parts.scheme != "http":
+def client_for(url, api_key, timeout):
+    if urlsplit(url).scheme != "http":
         raise ValueError("url %s: only http:// is measured (the engine's local address)" % url)
-    return HTTPConnection(parts.hostname, parts.port or 80, timeout=timeout), parts.path.rstrip("/")
-
-
-def error_text(status, data):
-    """The error an answer of another status than 200 carries, in one line."""
-    text = data.decode("utf-8", "replace")
-    try:
-        document = json.loads(text)
-    except ValueError:
-        document = None
-    if isinstance(document, dict):
-        error = document.get("error", document)
-        if isinstance(error, dict):
-            text = str(error.get("message") or error)
-        elif error:
-            text = str(error)
-    return ("HTTP %d: %s" % (status, " ".join(text.split())))[:EXCERPT_CHARS]
+    return EngineClient(url, api_key, connect_timeout=timeout, read_timeout=timeout)
 
 
 def for_pass(body, number):
@@ -477,80 +465,64 @@ class Sender(object):
     """Sends one request and times what comes back into a record of _bench_figures."""
 
     def __init__(self, url, api_key, timeout, clock):
-        self.url = url
-        self.api_key = api_key
+        self.client = client_for(url, api_key, timeout)
         self.timeout = timeout
         self.clock = clock
         self.simulated = False
 
     def send(self, body, record):
-        headers = {"Content-Type": "application/json"}
         stream = bool(body.get("stream"))
-        headers["Accept"] = "text/event-stream" if stream else "application/json"
-        if self.api_key:
-            headers["Authorization"] = "Bearer %s" % self.api_key
-        payload = json.dumps(body).encode("utf-8")
-        connection = None
+        accept = {"Accept": "text/event-stream" if stream else "application/json"}
         record["start"] = self.clock()
         deadline = record["start"] + self.timeout
         try:
-            connection, prefix = connection_for(self.url, self.timeout)
-            connection.request("POST", prefix + CHAT_PATH, payload, headers)
-            response = connection.getresponse()
-            if response.getheader(SIMULATED_HEADER) is not None:
-                self.simulated = True
-            if response.status != 200:
-                record["error"] = error_text(response.status, response.read())
-            elif stream:
-                self.read_events(response, record, deadline)
-            else:
-                self.read_body(response, record)
-        except socket.timeout:
-            record["error"] = "timed out after %s s" % self.timeout
-        except (OSError, HTTPException, ValueError) as error:
-            record["error"] = (str(error) or type(error).__name__)[:EXCERPT_CHARS]
-        finally:
-            if connection is not None:
-                connection.close()
+            with self.client.open("POST", CHAT_PATH, json_body=body, headers=accept) as answer:
+                if answer.header(SIMULATED_HEADER) is not None:
+                    self.simulated = True
+                if answer.status != 200:
+                    detail = answer.error_detail(EXCERPT_CHARS)
+                    record["error"] = ("HTTP %d: %s" % (answer.status, detail))[:EXCERPT_CHARS]
+                elif stream:
+                    self.read_events(answer, record, deadline)
+                else:
+                    self.read_body(answer, record)
+        except EngineHttpError as error:
+            record["error"] = error.reason[:EXCERPT_CHARS]
+        except ValueError as error:
+            record["error"] = str(error)[:EXCERPT_CHARS]
         if record["error"] is None:
             record["error"] = self.missing(record)
 
-    def read_events(self, response, record, deadline):
-        """Server-sent events as vLLM's benchmark reads them: each non-empty `data:` line but
-        [DONE] is an event timed when read; one whose `choices` is not empty is a token chunk."""
+    def read_events(self, answer, record, deadline):
+        """Server-sent events as vLLM's benchmark reads them: each event but [DONE] is timed
+        when it arrived; one whose `choices` is not empty is a token chunk."""
         usage = None
-        for raw in response:
-            now = self.clock()
+        for event in answer.events(self.clock):
+            now = event.arrival
             if now > deadline:
-                record["error"] = "timed out after %s s" % self.timeout
+                record["error"] = "timed out after %g s" % self.timeout
                 return
-            line = raw.strip()
-            if not line.startswith(b"data:"):
-                continue  # blank separators, SSE comments (pings), other fields
-            data = line[len(b"data:"):].strip()
-            if data == b"[DONE]":
-                break
             try:
-                event = json.loads(data.decode("utf-8"))
+                document = json.loads(event.data)
             except ValueError:
-                record["error"] = ("an event that is not JSON: %s" % data.decode("utf-8", "replace"))[:EXCERPT_CHARS]
+                record["error"] = ("an event that is not JSON: %s" % event.data)[:EXCERPT_CHARS]
                 return
             record["last_event"] = now
-            if not isinstance(event, dict):
+            if not isinstance(document, dict):
                 continue
-            if event.get("error"):
-                error = event["error"]
+            if document.get("error"):
+                error = document["error"]
                 message = error.get("message") if isinstance(error, dict) else error
                 record["error"] = ("error event: %s" % message)[:EXCERPT_CHARS]
                 return
-            if event.get("choices"):
+            if document.get("choices"):
                 record["chunks"].append(now)
-            if event.get("usage"):
-                usage = event["usage"]
+            if document.get("usage"):
+                usage = document["usage"]
         self.take_usage(record, usage)
 
-    def read_body(self, response, record):
-        data = response.read()
+    def read_body(self, answer, record):
+        data = answer.read()
         now = self.clock()
         document = json.loads(data.decode("utf-8"))
         record["chunks"].append(now)
@@ -724,13 +696,8 @@ def run_phase(jobs, concurrency, sender, progress, records, offset):
 
 
 def key_from_env_file(path):
-    """VLLM_API_KEY's value in an environment file of NAME=value lines, or None."""
-    with open(path, encoding="utf-8") as stream:
-        for line in stream:
-            name, sep, value = line.rstrip("\n").partition("=")
-            if sep and name.strip() == "VLLM_API_KEY":
-                return value
-    return None
+    """VLLM_API_KEY's value in the engine's env file, or None."""
+    return read_env_file(path).get("VLLM_API_KEY")
 
 
 def run_bench(params, api_key=None, clock=time.perf_counter):
@@ -804,7 +771,7 @@ def main():
     if params["timeout"] <= 0:
         problems.append("timeout must be above 0")
     try:
-        connection_for(params["url"], 1)
+        client_for(params["url"], None, 1)
     except ValueError as error:
         problems.append(str(error))
     if problems:
@@ -813,7 +780,7 @@ def main():
     if not api_key and params["api_key_env_file"]:
         try:
             api_key = key_from_env_file(params["api_key_env_file"])
-        except (OSError, UnicodeDecodeError) as error:
+        except (OSError, ValueError) as error:
             module.fail_json(msg="api_key_env_file %s: %s" % (params["api_key_env_file"], error))
         if api_key:
             # Masked wherever the module reports, as an option marked no_log would be.

@@ -119,13 +119,13 @@ log_tail:
 """
 
 import json
-import socket
 import time
-from http.client import HTTPException
-from urllib.error import HTTPError, URLError
-from urllib.request import ProxyHandler, Request, build_opener
 
 from ansible.module_utils.basic import AnsibleModule
+from ansible_collections.biv100.serving.plugins.module_utils._engine_http import (
+    EngineClient,
+    EngineHttpError,
+)
 from ansible_collections.biv100.serving.plugins.module_utils._engine_process import (
     is_alive,
     with_log_tail,
@@ -138,35 +138,6 @@ REQUEST_TIMEOUT = 10
 QUOTED_BYTES = 200
 
 
-class NotYet(Exception):
-    """The engine does not answer yet; the message says how the request failed."""
-
-
-def get(url, headers, seconds):
-    """The status and body of GET url; NotYet for what a loading engine does."""
-    # An http_proxy of the connection's environment must not send the request elsewhere.
-    opener = build_opener(ProxyHandler({}))
-    try:
-        with opener.open(Request(url, headers=headers), timeout=seconds) as response:
-            return response.getcode(), response.read()
-    except HTTPError as error:
-        return error.code, error.read()
-    except URLError as error:
-        raise NotYet(describe_connection_error(error.reason))
-    except (OSError, HTTPException) as error:
-        raise NotYet(describe_connection_error(error))
-
-
-def describe_connection_error(reason):
-    if isinstance(reason, ConnectionRefusedError):
-        return "connection refused"
-    if isinstance(reason, ConnectionResetError):
-        return "connection reset"
-    if isinstance(reason, socket.timeout):
-        return "timed out"
-    return str(reason) or type(reason).__name__
-
-
 def quoted(body):
     return body[:QUOTED_BYTES].decode("utf-8", "replace")
 
@@ -177,7 +148,9 @@ class HealthWait(object):
     def __init__(self, module):
         self.module = module
         self.params = module.params
-        self.base = self.params["url"].rstrip("/")
+        self.client = EngineClient(self.params["url"], self.params["api_key"],
+                                   connect_timeout=REQUEST_TIMEOUT, read_timeout=REQUEST_TIMEOUT)
+        self.base = self.client.url
         self.started = time.monotonic()
         self.deadline = self.started + self.params["timeout"]
 
@@ -205,31 +178,30 @@ class HealthWait(object):
                     "engine at %s not healthy after %g s (last: %s)"
                     % (self.base, self.params["timeout"], last)
                 )
+            seconds = min(REQUEST_TIMEOUT, remaining)
             try:
-                status, _body = get(self.base + "/health", {}, min(REQUEST_TIMEOUT, remaining))
-                if status == 200:
+                # vLLM answers /health without the key.
+                answer = self.client.request("GET", "/health", auth=False,
+                                             connect_timeout=seconds, read_timeout=seconds)
+                if answer.status == 200:
                     return
-                last = "HTTP %d" % status
-            except NotYet as error:
-                last = str(error)
+                last = "HTTP %d" % answer.status
+            except EngineHttpError as error:
+                last = error.reason
             time.sleep(max(0, min(self.params["interval"], self.deadline - time.monotonic())))
 
     def model_cards(self):
         """The cards of /v1/models; an engine that is healthy answers it at once."""
-        headers = {}
-        if self.params["api_key"]:
-            headers["Authorization"] = "Bearer %s" % self.params["api_key"]
-        url = self.base + "/v1/models"
         try:
-            status, body = get(url, headers, REQUEST_TIMEOUT)
-        except NotYet as error:
-            self.fail("engine at %s answered /health but not /v1/models (%s)" % (self.base, error))
-        if status != 200:
-            self.fail("GET %s answered HTTP %d: %s" % (url, status, quoted(body)))
+            answer = self.client.request("GET", "/v1/models")
+        except EngineHttpError as error:
+            self.fail("engine at %s answered /health but not /v1/models (%s)" % (self.base, error.reason))
+        if answer.status != 200:
+            self.fail(str(answer.status_error()))
         try:
-            return json.loads(body)["data"]
+            return json.loads(answer.read())["data"]
         except (ValueError, KeyError, TypeError):
-            self.fail("GET %s did not answer a model list: %s" % (url, quoted(body)))
+            self.fail("GET %s did not answer a model list: %s" % (answer.url, quoted(answer.read())))
 
     def check(self, cards):
         """Fail naming what is wrong when the served model's card is missing or says otherwise."""
@@ -260,9 +232,10 @@ def main():
         ),
         supports_check_mode=True,
     )
-    if not module.params["url"].startswith(("http://", "https://")):
-        module.fail_json(msg="url %s is not an http:// or https:// URL" % module.params["url"])
-    wait = HealthWait(module)
+    try:
+        wait = HealthWait(module)
+    except ValueError as error:
+        module.fail_json(msg=str(error))
     wait.until_healthy()
     cards = wait.model_cards()
     wait.check(cards)

@@ -278,23 +278,24 @@ results_file:
 """
 
 import json
-import socket
 import threading
 import time
-from http.client import HTTPConnection, HTTPException
 from urllib.parse import urlsplit
 
 from ansible.module_utils.basic import AnsibleModule
+from ansible_collections.biv100.serving.plugins.module_utils._engine_http import (
+    EngineClient,
+    EngineHttpError,
+)
 
 
 KEPT_EVENTS = 50
 
 
-def connection_for(url, timeout):
-    parts = urlsplit(url)
-    if parts.scheme != "http":
+def client_for(url, api_key, timeout):
+    if urlsplit(url).scheme != "http":
         raise ValueError("url %s: only http:// is probed (the engine's local address)" % url)
-    return HTTPConnection(parts.hostname, parts.port or 80, timeout=timeout), parts.path.rstrip("/")
+    return EngineClient(url, api_key, connect_timeout=timeout, read_timeout=timeout)
 
 
 def new_choice(index):
@@ -343,27 +344,20 @@ def assemble(events):
     return [choices[index] for index in sorted(choices)], usage, error
 
 
-def read_stream(response):
-    """Parse `data:` lines until [DONE] or the end of the answer."""
-    events, done = [], False
-    for raw in response:
-        line = raw.decode("utf-8", "replace").strip()
-        if not line.startswith("data:"):
-            continue
-        data = line[len("data:"):].strip()
-        if data == "[DONE]":
-            done = True
-            break
+def read_stream(answer):
+    """The answer's events, parsed, until [DONE] or the end of the answer."""
+    events = []
+    for event in answer.events():
         try:
-            events.append(json.loads(data))
+            events.append(json.loads(event.data))
         except ValueError:
-            events.append({"unparsed": data})
+            events.append({"unparsed": event.data})
     choices, usage, error = assemble(events)
     return {
         "choices": choices,
         "usage": usage,
         "error": error,
-        "done": done,
+        "done": answer.done,
         "event_count": len(events),
         "events": events[:KEPT_EVENTS],
     }
@@ -393,45 +387,35 @@ def send(url, api_key, request, excerpt_bytes):
         "latency_ms": None,
         "error": None,
     }
-    headers = {"Accept": "application/json"}
     payload = None
     if request.get("raw_body") is not None:
         payload = request["raw_body"].encode("utf-8")
     elif request.get("body") is not None:
         payload = json.dumps(expand_repeats(request["body"])).encode("utf-8")
-    if payload is not None:
-        headers["Content-Type"] = "application/json"
-    if api_key and request.get("auth", True):
-        headers["Authorization"] = "Bearer %s" % api_key
     started = time.monotonic()
     try:
-        connection, prefix = connection_for(url, request.get("timeout") or 60)
-        try:
-            connection.request(
-                (request.get("method") or "GET").upper(), prefix + request["path"], payload, headers
-            )
-            response = connection.getresponse()
-            result["status"] = response.status
-            result["content_type"] = response.getheader("Content-Type")
-            for header, value in response.getheaders():
+        client = client_for(url, api_key, request.get("timeout") or 60)
+        with client.open((request.get("method") or "GET").upper(), request["path"], data=payload,
+                         auth=request.get("auth", True)) as answer:
+            result["status"] = answer.status
+            result["content_type"] = answer.header("Content-Type")
+            for header, value in answer.headers:
                 header = header.lower()
                 result["headers"][header] = (
                     result["headers"][header] + ", " + value if header in result["headers"] else value
                 )
-            if request.get("stream") and response.status == 200:
-                result["stream"] = read_stream(response)
+            if request.get("stream") and answer.status == 200:
+                result["stream"] = read_stream(answer)
             else:
-                data = response.read()
+                data = answer.read()
                 try:
                     result["body"] = json.loads(data.decode("utf-8")) if data else None
                 except ValueError:
                     result["text"] = data[:excerpt_bytes].decode("utf-8", "replace")
-        finally:
-            connection.close()
-    except socket.timeout:
-        result["error"] = "timed out after %s s" % request.get("timeout")
-    except (OSError, HTTPException, ValueError) as error:
-        result["error"] = str(error) or type(error).__name__
+    except EngineHttpError as error:
+        result["error"] = error.reason
+    except ValueError as error:
+        result["error"] = str(error)
     result["latency_ms"] = round((time.monotonic() - started) * 1000, 1)
     return result
 

@@ -61,8 +61,13 @@ options:
     default: {}
   env_file:
     description:
-      - A file of C(KEY=VALUE) lines (blank lines and C(#) comments ignored, one pair of
-        surrounding quotes removed, as systemd's C(EnvironmentFile=) reads it).
+      - A file of C(KEY=VALUE) lines, read as systemd's C(EnvironmentFile=) reads it, whichever
+        manager runs the engine - blank lines and lines starting with C(#) or C(;) ignored,
+        whitespace around C(=) and at the end of an unquoted value dropped, a backslash taking
+        the next character as it is, C('...') literal and C("...") with C(\") and C(\\)
+        escapes.
+      - A line that is not C(KEY=VALUE), or whose name is not a shell variable's, fails the task
+        naming the file and the line (systemd would skip it).
       - With O(state=status), environment variables are compared only when this or O(env) is
         given.
       - Under systemd a variable may be set in this file or in O(env), not both, since systemd
@@ -300,7 +305,6 @@ log_tail:
 
 import os
 import pwd
-import re
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.biv100.serving.plugins.module_utils._engine_drift import drift
@@ -314,37 +318,16 @@ from ansible_collections.biv100.serving.plugins.module_utils._engine_managers im
 )
 from ansible_collections.biv100.serving.plugins.module_utils._engine_pidfile import PidFileManager
 from ansible_collections.biv100.serving.plugins.module_utils._engine_process import PID_DIR
+from ansible_collections.biv100.serving.plugins.module_utils._env_file import (
+    parse_env_text,
+    read_env_file,
+)
 from ansible_collections.biv100.serving.plugins.module_utils._state_store import atomic_write
 
 # The whole inherited environment of the engine, before env_file and env.
 BASE_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
-ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-
 NOT_RUNNING = {"running": False, "pid": None, "command": [], "env": {}, "started_at": None}
-
-
-def read_env_file(path):
-    """The variables of a KEY=VALUE file; ValueError naming the line that is neither."""
-    with open(path, encoding="utf-8") as stream:
-        return parse_env_text(stream.read(), path)
-
-
-def parse_env_text(text, path):
-    """The variables of KEY=VALUE lines, as systemd's EnvironmentFile= reads them."""
-    variables = {}
-    for number, line in enumerate(text.splitlines(), 1):
-        line = line.strip()
-        if not line or line.startswith("#"):
-            continue
-        key, sep, value = line.partition("=")
-        key, value = key.strip(), value.strip()
-        if not sep or not ENV_NAME.match(key):
-            raise ValueError("%s line %d is not KEY=VALUE: %s" % (path, number, line))
-        if len(value) >= 2 and value[0] == value[-1] and value[0] in "'\"":
-            value = value[1:-1]
-        variables[key] = value
-    return variables
 
 
 def env_file_matches(path, content):

@@ -65,13 +65,13 @@ resolve) fails the expectation, naming why.
 from __future__ import annotations
 
 import json
-import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import yaml
 
+from ansible_collections.biv100.serving.plugins.plugin_utils._atomic_file import write_atomic
 from ansible_collections.biv100.serving.plugins.plugin_utils._json_schema import (
     SchemaError,
     schema_errors,
@@ -400,8 +400,4 @@ def _ms(latency):
 
 def write_results(path: str, document: dict) -> None:
     """The run's JSON artifact, written whole or not at all."""
-    target = Path(path)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    staged = target.with_name(f".{target.name}.{os.getpid()}")
-    staged.write_text(json.dumps(document, indent=1, ensure_ascii=False, default=str))
-    os.replace(staged, target)
+    write_atomic(path, json.dumps(document, indent=1, ensure_ascii=False, default=str))

@@ -258,6 +258,25 @@ def test_the_key_can_come_from_the_engines_env_file_on_the_host(engine, run_modu
     assert SECRET not in json.dumps(result)
 
 
+def test_the_key_is_read_from_the_env_file_as_the_engine_reads_it(engine, run_module, tmp_path):
+    url, state = engine()
+    env_file = tmp_path / "engine.env"
+    # As the engine role writes a key with a quote and a backslash; systemd unquotes it.
+    env_file.write_text('VLLM_API_KEY="sk-\\"team\\"-\\\\k"\n')
+    failed, result = run_module(engine_bench, dict(bench_args(url, [chat("a")]), api_key_env_file=str(env_file)))
+    assert not failed and state["received"][0]["authorization"] == 'Bearer sk-"team"-\\k'
+
+
+def test_an_env_file_that_is_not_name_value_fails_naming_it(engine, run_module, tmp_path):
+    url, state = engine()
+    env_file = tmp_path / "engine.env"
+    env_file.write_text("VLLM_API_KEY %s\n" % SECRET)
+    failed, result = run_module(engine_bench, dict(bench_args(url, [chat("a")]), api_key_env_file=str(env_file)))
+    assert failed and result["msg"] == "api_key_env_file %s: %s line 1 is not KEY=VALUE: it has no =" % (
+        env_file, env_file)
+    assert state["received"] == [] and SECRET not in json.dumps(result)
+
+
 def test_concurrency_falls_back_to_max_num_seqs(engine, run_module):
     url, state = engine(delay=0.02)
     args = bench_args(url, [chat(str(n)) for n in range(6)], max_num_seqs=3)

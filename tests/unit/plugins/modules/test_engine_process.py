@@ -340,6 +340,23 @@ def test_an_env_file_line_that_is_not_key_value_fails_naming_it(engine, tmp_path
     assert not engine.pid_file.exists()
 
 
+def test_the_launched_engine_gets_the_env_file_as_systemd_would_read_it(engine, tmp_path):
+    env_file = tmp_path / "vllm.env"
+    env_file.write_text(
+        "; systemd's other comment\n"
+        "QUOTED=\"a \\\"b\\\" c\\\\d\"\n"
+        "JOINED='x' \"y\"z\n"
+        "ESCAPED=one\\ two\\\\  \n"
+    )
+
+    failed, result = engine(env_file=str(env_file))
+
+    assert not failed, result["msg"]
+    wanted = {"QUOTED": 'a "b" c\\d', "JOINED": "xyz", "ESCAPED": "one two\\"}
+    running = environ_of(result["pid"])
+    assert {name: running.get(name) for name in wanted} == wanted and result["drift"] == []
+
+
 def test_restarted_replaces_the_engine_and_shows_the_change(engine):
     first = engine().result
 
