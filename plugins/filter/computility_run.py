@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from ansible.errors import AnsibleFilterError
 
-from ansible_collections.biv100.serving.plugins.filter.engine_cli_args import engine_cli_args
+from ansible_collections.biv100.serving.plugins.plugin_utils._engine_command_line import engine_cli_args
 
 API_SERVER_MODULE = "vllm.entrypoints.openai.api_server"
 
