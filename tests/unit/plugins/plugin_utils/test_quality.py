@@ -14,7 +14,7 @@ import pytest
 import yaml
 
 from ansible_collections.biv100.serving.plugins.plugin_utils import _quality as quality
-from ansible_collections.biv100.serving.plugins.plugin_utils._json_schema import schema_errors
+from ansible_collections.biv100.serving.plugins.plugin_utils._schema_errors import schema_errors
 
 REPO = Path(__file__).resolve().parents[4]
 DEFAULT_SET = REPO / "files" / "quality" / "default.yml"
@@ -266,7 +266,10 @@ def test_the_simulated_header():
     ("name: x\ncases: [{name: a, prompt: p, reference: [1], scorer: json_schema}]\n",
      "case a: reference must be a JSON schema (a mapping)"),
     ("name: x\ncases: [{name: a, prompt: p, reference: {type: colour}, scorer: json_schema}]\n",
-     "case a: reference is no schema that applies: type \"colour\" is none of"),
+     "case a: reference is no schema that applies: #/type: 'colour' is not valid under any of the given schemas"),
+    # Nested schemas are checked too, when the set is loaded.
+    ("name: x\ncases: [{name: a, prompt: p, reference: {properties: {year: {minimum: low}}}, scorer: json_schema}]\n",
+     "case a: reference is no schema that applies: #/properties/year/minimum: 'low' is not of type 'number'"),
     ("name: x\ncases: [{name: a, prompt: p, reference: {born: 1815-12-10}, scorer: json}]\n",
      "case a: reference: datetime.date(1815, 12, 10) (date) is no JSON value (quote it)"),
     ("name: x\ncases: [{name: a, prompt: p, reference: x, scorer: exact, tolerance: 1}]\n",
@@ -287,12 +290,15 @@ def test_a_bad_set_is_refused_naming_the_file_and_the_case(tmp_path, text, messa
 
 
 def test_a_schema_fault_an_answer_brings_out_names_the_set_and_the_case(tmp_path):
-    # Nested schemas apply only to values of their shape, so some faults show only then.
+    # A $ref is followed only for a value it applies to, so one that does not resolve shows only then.
     path = tmp_path / "set.yml"
     path.write_text("name: x\ncases: [{name: a, prompt: p, scorer: json_schema,"
-                    " reference: {properties: {year: {type: colour}}}}]\n")
-    with pytest.raises(quality.QualityError, match=f"quality set {path} case a: the reference is no schema"):
-        quality.evaluate(quality.load_set(path), [chat_answer('{"year": 1}')])
+                    " reference: {properties: {year: {$ref: '#/$defs/year'}}}}]\n")
+    loaded = quality.load_set(path)
+    assert quality.evaluate(loaded, [chat_answer('{"name": "Ada"}')]).correct == 1
+    with pytest.raises(quality.QualityError, match=f"quality set {path} case a: the reference is no schema "
+                                                   "that applies: .*does not resolve"):
+        quality.evaluate(loaded, [chat_answer('{"year": 1}')])
 
 
 def test_a_set_is_found_by_name_or_path(tmp_path):
