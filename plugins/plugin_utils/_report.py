@@ -14,8 +14,9 @@ deviation, the ±bound). From them:
 - series(rows): what each plot shows, one point per release and host that has the figure;
 - figures(series): the three matplotlib figures (weighted score with the gate line, TTFT and
   TPOT p50/p90/p99, quality deviation with the ±bound band);
-- render(lines, fleet): the bytes of the PNG files and of index.html, the same bytes for the same
-  ledger, so that a re-render changes no file and a committed report shows no spurious diff.
+- render(lines, fleet): the bytes of the PNG files and of index.html (files/report/index.html.j2),
+  the same bytes for the same ledger, so that a re-render changes no file and a committed report
+  shows no spurious diff.
 
 A figure measured on the lab's engine stand-in (`simulated: true`) is drawn hollow and named
 "simulated" in the plot's title and legend, and marked "(sim)" in the page's table and in
@@ -28,18 +29,20 @@ cells from here in every run, and ansible-doc load without it.
 
 from __future__ import annotations
 
-import html
 import io
 import json
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ansible_collections.biv100.serving.plugins.plugin_utils import _templates
+
 SCORE_PLOT = "score.png"
 LATENCY_PLOT = "latency.png"
 QUALITY_PLOT = "quality.png"
 PLOTS = (SCORE_PLOT, LATENCY_PLOT, QUALITY_PLOT)
 INDEX = "index.html"
+INDEX_TEMPLATE = "report/index.html.j2"
 
 # What the gates hold a release to when a line does not say (the bench and quality actions
 # record the values they judged with, which win).
@@ -487,50 +490,14 @@ def _passed(value) -> bool | None:
 
 # --- the page ------------------------------------------------------------------------------------
 
-STYLE = """\
-body { font-family: "DejaVu Sans", Verdana, sans-serif; margin: 2em; color: #222; }
-img { max-width: 100%; border: 1px solid #ddd; }
-table { border-collapse: collapse; font-size: 0.9em; }
-th, td { border: 1px solid #ccc; padding: 0.25em 0.6em; text-align: left; vertical-align: top; }
-th { background: #f2f2f2; }
-td.number { text-align: right; white-space: nowrap; }
-.passed { color: #1a7f37; }
-.failed { color: #c62828; font-weight: bold; }
-.unknown { color: #777; }
-.simulated { background: #fff8e1; border-left: 4px solid #f9a825; padding: 0.5em 1em; }
-"""
-
 TABLE_COLUMNS = ("release", "host", "state", "score", "output tok/s", "TTFT p99", "quality", "gates")
 
 
 def page(fleet: str, lines: list[dict], table: list[Row], plotted: dict) -> str:
-    e = html.escape
+    """index.html, files/report/index.html.j2 filled in (autoescaped) with the ledger's rows."""
     points = plotted["score"] + plotted["deviation"] + [
         point for key, _name in LATENCIES for percentile in PERCENTILES for point in plotted["latency"][key][percentile]]
-    releases = plotted["releases"]
-    hosts = list(dict.fromkeys(row.host for row in table))
     times = [str(line["time"]) for line in lines if line.get("time")]
-    parts = [
-        "<!DOCTYPE html>",
-        '<html lang="en">',
-        "<head>",
-        '<meta charset="utf-8">',
-        f"<title>biv100.serving releases: {e(fleet)}</title>",
-        f"<style>\n{STYLE}</style>",
-        "</head>",
-        "<body>",
-        f"<h1>Releases of the fleet {e(fleet)}</h1>",
-        f"<p>Drawn from the fleet's deployment ledger (ledger.jsonl): {len(lines)} lines"
-        + (f", the last at {e(max(times))}" if times else "")
-        + f"; {len(releases)} releases on {len(hosts)} hosts, in the order they first appear in the ledger. "
-        "Each figure is the last one the ledger recorded for that release and host; a release "
-        "without figures is listed below but not plotted.</p>",
-    ]
-    if any(point.simulated for point in points):
-        parts.append(f'<p class="simulated"><strong>Simulated figures.</strong> The figures marked {SIM} '
-                     "in the table and drawn hollow in the plots were measured on the lab's engine "
-                     "stand-in, not on a BI-V100 engine: they show that the pipeline works, not how "
-                     "fast or how good a release is.</p>")
     weights = plotted["weights"]
     sections = (
         ("Weighted score", SCORE_PLOT,
@@ -542,24 +509,17 @@ def page(fleet: str, lines: list[dict], table: list[Row], plotted: dict) -> str:
                                   "is the quality gate "
                                   f"(±{', ±'.join(f'{100 * bound:g}' for bound in plotted['bounds'])} %)."),
     )
-    for heading, image, caption in sections:
-        parts += [f"<h2>{heading}</h2>", f"<p>{e(caption)}</p>",
-                  f'<p><img src="{image}" alt="{e(heading)} per release and host"></p>']
-    parts += ["<h2>Releases</h2>", "<table>",
-              "<thead><tr>" + "".join(f"<th>{e(name)}</th>" for name in TABLE_COLUMNS) + "</tr></thead>",
-              "<tbody>"]
-    for row in table:
-        score, output, ttft, quality = figure_cells(row.bench, row.quality)
-        gates = "<br>".join(
-            f'<span class="{"unknown" if passed is None else "passed" if passed else "failed"}">'
-            f'{e(gate)}: {"?" if passed is None else "passed" if passed else "FAILED"}</span> – {e(why)}'
-            for gate, passed, why in gate_cells(row))
-        cells = [f"<td>{e(row.release)}</td>", f"<td>{e(row.host)}</td>", f"<td>{e(row.state)}</td>",
-                 *(f'<td class="number">{e(value)}</td>' for value in (score, output, ttft, quality)),
-                 f"<td>{gates}</td>"]
-        parts.append("<tr>" + "".join(cells) + "</tr>")
-    parts += ["</tbody>", "</table>", "</body>", "</html>", ""]
-    return "\n".join(parts)
+    return _templates.render(
+        INDEX_TEMPLATE,
+        fleet=fleet, lines=len(lines), last=max(times) if times else None,
+        releases=len(plotted["releases"]), hosts=len(dict.fromkeys(row.host for row in table)),
+        simulated=any(point.simulated for point in points), sim=SIM,
+        sections=[{"heading": heading, "image": image, "caption": caption} for heading, image, caption in sections],
+        columns=TABLE_COLUMNS,
+        rows=[{"cells": (row.release, row.host, row.state), "figures": figure_cells(row.bench, row.quality),
+               "gates": [{"name": gate, "passed": passed, "why": why} for gate, passed, why in gate_cells(row)]}
+              for row in table],
+    )
 
 
 def render(lines: list[dict], fleet: str) -> dict[str, bytes]:

@@ -326,6 +326,21 @@ def test_the_page_shows_the_plots_and_one_table_row_per_release_and_host():
     assert body[-1][7].startswith("functional: FAILED – failed: n-two / quality: FAILED – deviation -7.0 %, gate ±4 % (sim)")
 
 
+def test_the_page_shows_what_the_ledger_says_as_text_never_as_markup():
+    hostile = "<script>alert('x')</script>"
+    lines = [line("r1", f"h1{hostile}", 1, state=f"good & {hostile}", failed_probes=[hostile],
+                  probes="1/2 probes passed")]
+    text = render(lines, f"lab{hostile}")[INDEX].decode()
+    page = Cells()
+    page.feed(text)
+
+    assert page.scripts == 0 and "<script>" not in text
+    assert "<title>biv100.serving releases: lab&lt;script&gt;" in text
+    [_header, row] = page.rows
+    assert row[1:3] == [f"h1{hostile}", f"good & {hostile}"]
+    assert row[7] == f"functional: FAILED – failed: {hostile}"
+
+
 def test_figure_cells_are_blank_without_figures_and_marked_when_simulated():
     assert figure_cells(None, None) == ("", "", "", "")
     assert figure_cells({"score": None}, {"deviation": 0.1}) == ("", "", "", "")
