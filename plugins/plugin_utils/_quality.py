@@ -40,8 +40,8 @@ what `reference` is for each:
 
 The score is right answers / cases, 0..1. A release is compared with a good release's score
 (its baseline): deviation = (score - baseline) / baseline, and the gate passes when
-|deviation| <= bound (the competition's 0.04). A higher score deviates too: the bound is the
-reference's, both ways.
+|deviation| <= bound (the gates role passes the competition's, 4 %). A higher score deviates
+too: the bound is the reference's, both ways.
 """
 
 from __future__ import annotations
@@ -451,7 +451,7 @@ def simulated(results: list[dict]) -> bool:
 # ---- the gate ------------------------------------------------------------------------------
 
 
-def compare(score: float, baseline: dict | None, bound: float = 0.04) -> Comparison:
+def compare(score: float, baseline: dict | None, bound: float) -> Comparison:
     """The score against a baseline release's {release, score}, within ±bound (relative)."""
     if bound < 0:
         raise QualityError(f"bound must be at least 0, not {bound}")

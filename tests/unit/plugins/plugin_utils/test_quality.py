@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from gates_defaults import QUALITY_BOUND
 
 from ansible_collections.biv100.serving.plugins.plugin_utils import _quality as quality
 from ansible_collections.biv100.serving.plugins.plugin_utils._schema_errors import schema_errors
@@ -334,18 +335,18 @@ def test_the_deviation_from_a_baseline(score, baseline, bound, deviation, passed
 
 
 def test_without_a_baseline_the_score_passes_and_becomes_one():
-    assert quality.compare(0.96875, None) == quality.Comparison(
+    assert quality.compare(0.96875, None, QUALITY_BOUND) == quality.Comparison(
         None, True, "quality 0.969 (no baseline yet: this release's score becomes one once it is good)")
 
 
 def test_without_a_baseline_a_zero_score_does_not_pass():
-    comparison = quality.compare(0.0, None)
+    comparison = quality.compare(0.0, None, QUALITY_BOUND)
     assert comparison.passed is False and comparison.deviation is None and "cannot become one" in comparison.msg
 
 
 @pytest.mark.parametrize("score", [0.0, 0.5])
 def test_a_zero_baseline_bounds_nothing(score):
-    comparison = quality.compare(score, {"release": "sub0", "score": 0.0})
+    comparison = quality.compare(score, {"release": "sub0", "score": 0.0}, QUALITY_BOUND)
     assert comparison.deviation is None and comparison.passed is False
     assert comparison.msg.startswith(f"quality {score:.3f} vs 0.000 of sub0: a zero baseline bounds nothing")
 

@@ -202,6 +202,34 @@ def test_the_figures_draw_exactly_the_series_one_point_per_release_and_host():
     assert (band.get_y(), band.get_y() + band.get_height()) == pytest.approx((-4.0, 4.0))
 
 
+def test_the_gate_line_the_band_and_the_weights_are_those_the_figures_recorded():
+    lines = [line("r1", "h1", 1, bench=dict(bench(9100.0, gate=9000), weights={"output": 0.9, "input": 0.1}),
+                  quality={**quality(-0.045), "bound": 0.05, "passed": True})]
+    plotted = series(rows(lines))
+    assert plotted["gates"] == [9000.0] and plotted["bounds"] == [0.05]
+    assert plotted["weights"] == {"output": 0.9, "input": 0.1}
+
+    drawn = figures(plotted, ["h1"])
+    assert [line.get_ydata()[0] for line in drawn[SCORE_PLOT].axes[0].lines
+            if line.get_label().startswith("gate")] == [9000.0]
+    assert "(0.9 × output tok/s + 0.1 × input tok/s)" in titles(drawn[SCORE_PLOT])
+    [band] = drawn[QUALITY_PLOT].axes[0].patches
+    assert (band.get_y(), band.get_y() + band.get_height()) == pytest.approx((-5.0, 5.0))
+    page = render(lines, "lab")[INDEX].decode()
+    assert ("0.9 × output tok/s + 0.1 × input tok/s per release and host; the dashed line is the throughput gate "
+            "(9000).") in page
+    assert "the band is the quality gate (±5 %)." in page
+    assert "quality: passed</span> – deviation -4.5 %, gate ±5 % (sim)" in page
+    assert "throughput: passed</span> – score 9100, gate ≥ 9000 (sim)" in page
+
+
+def test_a_ledger_without_figures_names_no_gate():
+    page = render([line("r1", "h1", 1)], "lab")[INDEX].decode()
+    assert "<p>The weighted score per release and host.</p>" in page
+    assert "<p>Deviation of the quality score from the baseline release.</p>" in page
+    assert series(rows([line("r1", "h1", 1)]))["gates"] == []
+
+
 def test_a_ledger_without_figures_gives_plots_that_say_so():
     drawn = figures(series(rows([line("r1", "h1", 1)])), ["h1"])
     for name in PLOTS:
