@@ -464,9 +464,9 @@ def figure_cells(bench, quality) -> tuple[str, str, str, str]:
 
 
 def gate_cells(row: Row) -> list[tuple[str, bool | None, str]]:
-    """(gate, passed, why) for each gate the row's figures tell, in the gates role's order:
-    functional from the probes' verdicts, quality and throughput from the verdict their actions
-    recorded, with the bounds they recorded."""
+    """(gate, passed, why) for each gate the row's figures tell: functional from the probes'
+    verdicts, quality and throughput from the verdict their actions recorded, with the bounds
+    they recorded."""
     verdicts = []
     if row.probes:
         verdicts.append(("functional", not row.failed_probes,
