@@ -95,6 +95,9 @@ class ActionModule(ActionBase):
             raise AnsibleActionFail("engine_bench runs as an async job, whose arguments Ansible writes to a file "
                                     "on the host: give api_key_env_file (the engine's env file, which holds "
                                     "VLLM_API_KEY) instead of api_key")
+        if args["gate"] is None:
+            raise AnsibleActionFail("gate is required: the score a release must reach (the gates role passes "
+                                    "gates_competition's throughput score)")
         if args["poll_seconds"] <= 0:
             raise AnsibleActionFail("poll_seconds must be above 0")
         if not 0 <= args["max_failed_fraction"] <= 1:

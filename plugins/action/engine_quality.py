@@ -41,7 +41,7 @@ ARGUMENT_SPEC = dict(
         release=dict(type="str", required=True),
         score=dict(type="float", required=True),
     )),
-    bound=dict(type="float", default=0.04),
+    bound=dict(type="float", required=True),
     timeout=dict(type="float", default=60),
 )
 

@@ -9,11 +9,12 @@ root. Nothing runs on a host and no connection is opened. A file whose bytes wou
 not written, so a second run with the same ledger reports changed=false; check mode writes
 nothing and says what would change.
 
-The ledger folder is the one the callback would use in this run, found with the callback's own
-pieces rather than a copy of them: the task's ledger_dir, else the variable serving_ledger_dir
-(which wins over the rest for the callback too), else the callback's own ledger_dir option
-(BIV100_LEDGER_DIR, ansible.cfg's [biv100_ledger] dir, resolved by ansible-core from the
-callback's documentation), else the callback's ledger_home() of the project root and inventory.
+The ledger folder is the one the callback would use in this run, found as the callback finds
+it (plugin_utils/_ledger_location.py): the task's ledger_dir, else the variable
+serving_ledger_dir (which wins over the rest for the callback too), else the callback's own
+ledger_dir option (BIV100_LEDGER_DIR, ansible.cfg's [biv100_ledger] dir, resolved by
+ansible-core from the callback's documentation), else ledger_home() of the project root and
+inventory.
 """
 
 from __future__ import annotations
@@ -27,13 +28,14 @@ from ansible.errors import AnsibleActionFail
 from ansible.plugins.action import ActionBase
 from ansible.plugins.loader import callback_loader
 
-from ansible_collections.biv100.serving.plugins.callback.ledger import (
+from ansible_collections.biv100.serving.plugins.plugin_utils._atomic_file import write_atomic
+from ansible_collections.biv100.serving.plugins.plugin_utils._ledger_location import (
+    LEDGER_CALLBACK,
     LEDGER_FILE,
     LEDGER_VARIABLE,
     ledger_home,
-    project_root,
 )
-from ansible_collections.biv100.serving.plugins.plugin_utils._atomic_file import write_atomic
+from ansible_collections.biv100.serving.plugins.plugin_utils._project_folder import fleet, project_root
 from ansible_collections.biv100.serving.plugins.plugin_utils._report import (
     INDEX,
     PLOTS,
@@ -43,7 +45,6 @@ from ansible_collections.biv100.serving.plugins.plugin_utils._report import (
     rows,
 )
 
-LEDGER_CALLBACK = "biv100.serving.ledger"
 # build/report/<fleet> at the project root, beside the probes' results and computility-run.yaml.
 REPORT_FOLDER = ("build", "report")
 
@@ -67,9 +68,8 @@ def ledger_dir() -> Path:
 
 def report_dir() -> tuple[str, Path]:
     """The fleet this run's inventory names, and build/report/<fleet> at the project root."""
-    root = project_root(C.CONFIG_FILE)
-    fleet = ledger_home(root, context.CLIARGS.get("inventory") or ()).name
-    return fleet, root.joinpath(*REPORT_FOLDER, fleet)
+    name = fleet(context.CLIARGS.get("inventory") or ())
+    return name, project_root(C.CONFIG_FILE).joinpath(*REPORT_FOLDER, name)
 
 
 def write_changed(dest: Path, files: dict[str, bytes], check: bool) -> list[str]:

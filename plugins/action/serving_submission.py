@@ -26,8 +26,8 @@ from ansible import constants as C
 from ansible.errors import AnsibleActionFail
 from ansible.plugins.action import ActionBase
 
-from ansible_collections.biv100.serving.plugins.callback.ledger import project_root
 from ansible_collections.biv100.serving.plugins.module_utils._no_follow import Tree, UnsafePath
+from ansible_collections.biv100.serving.plugins.plugin_utils._project_folder import project_root
 from ansible_collections.biv100.serving.plugins.plugin_utils._submission import (
     FILE_MODE,
     SubmissionError,

@@ -83,13 +83,19 @@ from ansible import context
 from ansible.plugins.callback import CallbackBase
 from ansible.template import Templar
 
-from ansible_collections.biv100.serving.plugins.filter.probe_summary import probe_summary
 from ansible_collections.biv100.serving.plugins.module_utils._state_store import utc_timestamp
 from ansible_collections.biv100.serving.plugins.plugin_utils._atomic_file import write_atomic
+from ansible_collections.biv100.serving.plugins.plugin_utils._ledger_location import (
+    LEDGER_FILE,
+    LEDGER_FOLDER,
+    LEDGER_VARIABLE,
+    TABLE_FILE,
+    ledger_home,
+)
+from ansible_collections.biv100.serving.plugins.plugin_utils._probe_summary import probe_summary
+from ansible_collections.biv100.serving.plugins.plugin_utils._project_folder import inventory_folders, project_root
 from ansible_collections.biv100.serving.plugins.plugin_utils._report import figure_cells
 
-LEDGER_FILE = "ledger.jsonl"
-TABLE_FILE = "LEDGER.md"
 COLLECTION = "biv100.serving."
 
 # How much of a failure the end-of-run line and a table cell show: its first line, at most
@@ -98,16 +104,6 @@ SHOWN_FAILURE_CHARS = 240
 
 # Engine options whose value is a secret: the ledger records that they were given, not the value.
 SECRET_OPTIONS = ("--api-key",)
-
-# The variable that names the ledger folder (the option's `vars` entry, read by the callback).
-LEDGER_VARIABLE = "serving_ledger_dir"
-# The folder, at the project root and inside an inventory folder alike, that holds ledgers.
-LEDGER_FOLDER = "ledger"
-# The fleet of a run whose inventory is only a host list (-i 'h1,h2,').
-HOST_LIST_FLEET = "default"
-# Configuration files that belong to no project: with one of them (or none) in use, the
-# current folder is the project root.
-SHARED_CONFIGS = ("/etc/ansible/ansible.cfg", "~/.ansible.cfg")
 
 
 class CallbackModule(CallbackBase):
@@ -228,36 +224,7 @@ class CallbackModule(CallbackBase):
         return str(value) if value not in (None, "") else None
 
 
-# --- where the ledger lives ----------------------------------------------------------------------
-
-
-def project_root(config_file: str | None) -> Path:
-    """The folder of the project's ansible.cfg; the current folder without one."""
-    if config_file:
-        config = Path(config_file).expanduser().absolute()
-        if config not in {Path(shared).expanduser() for shared in SHARED_CONFIGS}:
-            return config.parent
-    return Path.cwd()
-
-
-def inventory_folders(sources) -> list[Path]:
-    """The folder of each inventory source that is a path (itself, or the one holding the file),
-    in order and once each; a host list (`-i h1,h2,`) has none."""
-    folders: list[Path] = []
-    for source in sources or ():
-        if "," in source:
-            continue
-        path = Path(source).expanduser().absolute()
-        folder = path if path.is_dir() else path.parent
-        if folder not in folders:
-            folders.append(folder)
-    return folders
-
-
-def ledger_home(root: Path, sources) -> Path:
-    """ledger/<fleet> at the project root, the fleet named after the first inventory folder."""
-    folders = inventory_folders(sources)
-    return root / LEDGER_FOLDER / (folders[0].name if folders else HOST_LIST_FLEET)
+# --- ledgers kept inside an inventory folder ---------------------------------------------------
 
 
 def move_old_ledgers(sources, directory: Path, root: Path, say, warn) -> None:

@@ -1,39 +1,48 @@
 # Copyright: biv100.serving maintainers
 # GNU General Public License v3.0+ (see LICENSES/GPL-3.0-or-later.txt or https://www.gnu.org/licenses/gpl-3.0.txt)
 # SPDX-License-Identifier: GPL-3.0-or-later
-"""gate_verdicts: whether a release clears each of the competition's gates, one verdict each."""
+"""gate_verdicts: whether a release clears each of the competition's gates, one verdict each.
+
+Which gates apply and their bounds are the caller's: the gates role passes serving_gates over
+gates_competition, the one definition of the competition, in its defaults."""
 
 from __future__ import annotations
 
-GATES = ("functional", "quality", "throughput")
+FUNCTIONAL = "functional"
 
 
 def gate_verdicts(gates: dict, probes: dict | None = None, bench: dict | None = None,
                   quality: dict | None = None) -> list[dict]:
-    """One verdict per gate that `gates` names, in GATES order: {gate, passed, summary}.
+    """One verdict per gate that `gates` names, in its order: {gate, passed, summary}.
 
-    passed is None when the gate applies but was not measured (its task was skipped, as with
-    `--skip-tags bench`): a gate not measured neither passes nor fails a release.
+    The functional gate is judged here from the probes' verdicts; the others are the verdicts
+    their actions reached (the quality set's, the bench's). passed is None when the gate applies
+    but was not measured (its task was skipped, as with `--skip-tags bench`): a gate not measured
+    neither passes nor fails a release.
     """
-    unknown = sorted(set(gates) - set(GATES))
+    measured = {"quality": quality, "throughput": bench}
+    unknown = [name for name in gates if name != FUNCTIONAL and name not in measured]
     if unknown:
-        raise ValueError(f"serving_gates names no such gate: {', '.join(unknown)} (known: {', '.join(GATES)})")
-    judges = {"functional": lambda bounds: _functional(bounds, probes),
-              "quality": lambda bounds: _measured(quality),
-              "throughput": lambda bounds: _measured(bench)}
-    return [dict(gate=name, **judges[name](gates[name] or {})) for name in GATES if name in gates]
+        raise ValueError(f"serving_gates names no such gate: {', '.join(sorted(unknown))} "
+                         "(gates_competition, in the gates role's defaults, names every gate there is)")
+    return [dict(gate=name, **(_functional(name, bounds or {}, probes) if name == FUNCTIONAL
+                               else _measured(measured[name])))
+            for name, bounds in gates.items()]
 
 
 def _ran(result: dict | None) -> bool:
     return bool(result) and not result.get("skipped")
 
 
-def _functional(bounds: dict, probes: dict | None) -> dict:
+def _functional(name: str, bounds: dict, probes: dict | None) -> dict:
+    if "min_probes" not in bounds:
+        raise ValueError(f"serving_gates.{name}.min_probes is missing: how many probes must pass (the "
+                         "gates role's gates_competition has the competition's)")
     if not _ran(probes) or "probes" not in probes:
         return {"passed": None, "summary": "not probed"}
     verdicts = probes["probes"]
     passed = sum(1 for verdict in verdicts if verdict.get("passed"))
-    needed = int(bounds.get("min_probes", 50))
+    needed = int(bounds["min_probes"])
     if passed < len(verdicts):
         return {"passed": False, "summary": probes.get("summary", f"{passed}/{len(verdicts)} probes passed")}
     if passed < needed:

@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import math
 
-DEFAULT_WEIGHTS = {"output": 0.83, "input": 0.17}
 PERCENTILES = (50, 90, 99)
 LATENCIES = ("ttft_ms", "tpot_ms", "itl_ms", "e2e_ms")
 
@@ -109,20 +108,19 @@ def tpot(record):
 
 
 def weights_of(weights):
-    chosen = dict(DEFAULT_WEIGHTS)
-    for key, value in (weights or {}).items():
-        if value is not None:
-            chosen[key] = float(value)
-    return {"output": chosen["output"], "input": chosen["input"]}
+    """{output, input} as floats. The weights have no default: they are the competition's, which
+    the gates role passes (gates_competition in its defaults)."""
+    return {"output": float(weights["output"]), "input": float(weights["input"])}
 
 
-def score(output_tps, input_tps, weights=None):
+def score(output_tps, input_tps, weights):
     chosen = weights_of(weights)
     return chosen["output"] * output_tps + chosen["input"] * input_tps
 
 
-def compute(records, duration_s, weights=None):
-    """The figures of the measured (non-warm-up) records over duration_s seconds."""
+def compute(records, duration_s, weights):
+    """The figures of the measured (non-warm-up) records over duration_s seconds, the score
+    weighted by weights ({output, input})."""
     measured = [record for record in records if not record["warmup"]]
     ok = [record for record in measured if succeeded(record)]
     input_tokens = sum(int(record["prompt_tokens"]) for record in ok)

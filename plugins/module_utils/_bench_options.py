@@ -11,8 +11,6 @@ Runs on the host too: standard library only, Python 3.8.
 
 from __future__ import annotations
 
-from ansible_collections.biv100.serving.plugins.module_utils._bench_figures import DEFAULT_WEIGHTS
-
 # Each option given a workload or a request list, never both.
 REQUIRED_ONE_OF = [("requests", "workload")]
 MUTUALLY_EXCLUSIVE = [("requests", "workload")]
@@ -35,14 +33,16 @@ def argument_spec():
         # A path on the host (the action validates it as text: it is expanded there, never on
         # the controller).
         progress_file=dict(type="path"),
-        weights=dict(type="dict", default={}, options=dict(
-            output=dict(type="float", default=DEFAULT_WEIGHTS["output"]),
-            input=dict(type="float", default=DEFAULT_WEIGHTS["input"]),
+        # The competition's bounds have no default here: the gates role passes them.
+        weights=dict(type="dict", required=True, options=dict(
+            output=dict(type="float", required=True),
+            input=dict(type="float", required=True),
         )),
         # Read by the action, which sends the module only the requests it makes of them.
         workload=dict(type="str"),
         datasets=dict(type="dict", default={}),
-        gate=dict(type="float", default=8000),
+        # Required by the action, which alone reads it.
+        gate=dict(type="float"),
         max_failed_fraction=dict(type="float", default=0.05),
         release=dict(type="str"),
         results_dir=dict(type="path"),

@@ -122,25 +122,27 @@ options:
       - The action sets it in the task's remote temporary folder, which is removed with the job.
     type: path
   weights:
-    description: The weights of the score.
+    description:
+      - The weights of the score - the competition's are C(output) 0.83 and C(input) 0.17, which
+        the gates role passes from C(gates_competition) in its defaults.
     type: dict
-    default: {}
+    required: true
     suboptions:
       output:
         description: The weight of the output tokens per second.
         type: float
-        default: 0.83
+        required: true
       input:
         description: The weight of the input tokens per second.
         type: float
-        default: 0.17
+        required: true
   gate:
     description:
-      - The score a release must reach; RV(gate.passed) says whether it did.
+      - The score a release must reach; RV(gate.passed) says whether it did. The competition's is
+        8000, which the gates role passes from C(gates_competition) in its defaults.
       - Missing it does not fail the task.
-      - Read by the action.
+      - Required by the action, which alone reads it.
     type: float
-    default: 8000
   max_failed_fraction:
     description:
       - The task fails when more than this fraction of the measured requests failed (or none
@@ -244,6 +246,8 @@ EXAMPLES = r"""
     workload: default
     served_model_name: qwen3_5
     max_num_seqs: 2
+    weights: {output: 0.83, input: 0.17}
+    gate: 8000
     url: http://127.0.0.1:8000
     api_key_env_file: /etc/biv100-serving/engine.env
     release: sub510
@@ -256,14 +260,18 @@ EXAMPLES = r"""
       longbench: "{{ playbook_dir }}/datasets/longbench.jsonl"
     served_model_name: qwen3_5
     max_num_seqs: 2
+    weights: {output: 0.83, input: 0.17}
+    gate: 8000
     release: sub511
     compare_with:
       release: sub510
       figures: "{{ lookup('file', playbook_dir ~ '/build/bench/sub510/' ~ inventory_hostname ~ '.json') | from_json }}"
 
-- name: Time requests of your own, four at a time for a minute
+- name: Time requests of your own, four at a time for a minute, scored by output tokens alone
   biv100.serving.engine_bench:
     served_model_name: qwen3_5
+    weights: {output: 1, input: 0}
+    gate: 0
     concurrency: 4
     duration_seconds: 60
     requests:

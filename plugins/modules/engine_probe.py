@@ -25,8 +25,9 @@ description:
     answer.
   - Expectations read the answer and the probe's own C(request), and may call, besides
     jmespath's functions, C(from_json), C(json_valid), C(schema_ok), C(schema_errors) (JSON
-    Schema draft 2020-12 / draft 7, no dependency), C(regex_match) and C(regex_fullmatch), so
-    that structured output and tool-call arguments are judged by parsing and validating them.
+    Schema of the draft a schema's C($schema) names, else 2020-12, checked with the jsonschema
+    package on the controller), C(regex_match) and C(regex_fullmatch), so that structured output
+    and tool-call arguments are judged by parsing and validating them.
   - Without O(suites) the module only sends O(requests) and judges nothing.
   - Only C(http://) URLs are probed (the engine's local address).
   - Requests are read-only for the engine, so they are also sent in check mode.

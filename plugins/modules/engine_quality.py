@@ -61,9 +61,10 @@ options:
     description:
       - How far the score may deviate from O(baseline.score), relative to it and both ways -
         a score above the baseline's by more misses the gate too.
-      - V(0.04) is the competition's 4 %.
+      - V(0.04) is the competition's 4 %, which the gates role passes from C(gates_competition)
+        in its defaults.
     type: float
-    default: 0.04
+    required: true
   timeout:
     description: Seconds each answer may take.
     type: float
@@ -106,6 +107,7 @@ EXAMPLES = r"""
     baseline:
       release: sub168
       score: 0.969
+    bound: 0.04
   register: quality
 
 - name: Hold the release to its baseline
@@ -118,6 +120,7 @@ EXAMPLES = r"""
   biv100.serving.engine_quality:
     set: "{{ playbook_dir }}/quality/team.yml"
     served_model_name: qwen3_5
+    bound: 0.04
 """
 
 RETURN = r"""

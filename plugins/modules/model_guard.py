@@ -31,7 +31,7 @@ description:
     an earlier run recorded are guarded even where O(ignore) or the serving layer would leave
     them out.
   - A file can enter the guard's scope without having been added to the model layer, and is
-    then recorded without failing, the message saying why: a path O(ignore) no longer matches
+    then recorded without failing, the message saying why - a path O(ignore) no longer matches
     is recorded as it is found; a recorded path O(ignore) now matches is dropped; an O(extra)
     path is recorded when first asked for.
   - The baseline is never rewritten when a file differs from it. After a deliberate upgrade

@@ -18,11 +18,12 @@ description:
   - Reads the fleet's deployment ledger (C(ledger.jsonl), written by the
     P(biv100.serving.ledger#callback) callback) on the controller and renders into O(dest) three
     PNG plots and a static C(index.html) that shows them with a table of the releases.
-  - C(score.png) - the weighted throughput score (0.83 x output tok/s + 0.17 x input tok/s) per
-    release and host, with the throughput gate's line (score 8000).
+  - C(score.png) - the weighted throughput score per release and host, with the throughput
+    gate's line, both as the figures recorded them (the competition's weights are 0.83 x output
+    tok/s + 0.17 x input tok/s, its gate a score of 8000).
   - C(latency.png) - TTFT and TPOT p50, p90 and p99 per release and host.
   - C(quality.png) - the quality score's deviation from the baseline release per release and
-    host, with the quality gate's band (+/-4 %).
+    host, with the quality gate's band as the figures recorded it (the competition's is +/-4 %).
   - C(index.html) - the plots, and one table row per release and host - release, host, state,
     score, output tok/s, TTFT p99, quality, and the gates' verdicts (functional, quality,
     throughput). No JavaScript and nothing from elsewhere; the PNG files sit beside it.

@@ -45,8 +45,9 @@ OpenAI-compatible server needs and jmespath lacks:
     json_valid(text)             true when the text is one JSON value (false for null); tells
                                  an answer of `null` from one that does not parse
     schema_errors(value, schema) the list of what makes value invalid against the JSON Schema
-                                 (draft 2020-12 / draft 7 keywords, local $refs; see
-                                 _json_schema.py), each naming the JSON pointer of the place;
+                                 (the draft its $schema names, else 2020-12; $refs within the
+                                 schema), checked by the jsonschema package (see
+                                 _schema_errors.py), each naming the JSON pointer of the place;
                                  empty when valid
     schema_ok(value, schema)     true when schema_errors is empty
     regex_match(text, pattern)   true when Python's re.search finds pattern in text
@@ -58,8 +59,8 @@ A schema is an object (or a boolean): a JSON literal in the expectation
 (`{type: 'array', items: request.body.tools[0].function.parameters}`). A pattern is Python
 `re` syntax in a raw string literal ('^chatcmpl-'). Calling a function that does not exist or
 with the wrong number of arguments, and a literal pattern that is not a regular expression,
-fail the suite when it is loaded; a schema that cannot be applied (a $ref that does not
-resolve) fails the expectation, naming why.
+fail the suite when it is loaded; a schema that cannot be applied (one its draft's
+meta-schema refuses, a $ref that does not resolve) fails the expectation, naming why.
 """
 
 from __future__ import annotations
@@ -72,7 +73,7 @@ from pathlib import Path
 import yaml
 
 from ansible_collections.biv100.serving.plugins.plugin_utils._atomic_file import write_atomic
-from ansible_collections.biv100.serving.plugins.plugin_utils._json_schema import (
+from ansible_collections.biv100.serving.plugins.plugin_utils._schema_errors import (
     SchemaError,
     schema_errors,
 )

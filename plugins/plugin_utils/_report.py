@@ -14,8 +14,9 @@ deviation, the ±bound). From them:
 - series(rows): what each plot shows, one point per release and host that has the figure;
 - figures(series): the three matplotlib figures (weighted score with the gate line, TTFT and
   TPOT p50/p90/p99, quality deviation with the ±bound band);
-- render(lines, fleet): the bytes of the PNG files and of index.html, the same bytes for the same
-  ledger, so that a re-render changes no file and a committed report shows no spurious diff.
+- render(lines, fleet): the bytes of the PNG files and of index.html (files/report/index.html.j2),
+  the same bytes for the same ledger, so that a re-render changes no file and a committed report
+  shows no spurious diff.
 
 A figure measured on the lab's engine stand-in (`simulated: true`) is drawn hollow and named
 "simulated" in the plot's title and legend, and marked "(sim)" in the page's table and in
@@ -28,28 +29,23 @@ cells from here in every run, and ansible-doc load without it.
 
 from __future__ import annotations
 
-import html
 import io
 import json
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ansible_collections.biv100.serving.plugins.plugin_utils import _templates
+
 SCORE_PLOT = "score.png"
 LATENCY_PLOT = "latency.png"
 QUALITY_PLOT = "quality.png"
 PLOTS = (SCORE_PLOT, LATENCY_PLOT, QUALITY_PLOT)
 INDEX = "index.html"
+INDEX_TEMPLATE = "report/index.html.j2"
 
-# What the gates hold a release to when a line does not say (the bench and quality actions
-# record the values they judged with, which win).
-SCORE_GATE = 8000
-QUALITY_BOUND = 0.04
-WEIGHTS = {"output": 0.83, "input": 0.17}
 PERCENTILES = ("p50", "p90", "p99")
 LATENCIES = (("ttft_ms", "TTFT"), ("tpot_ms", "TPOT"))
-# The gates in the order the gate_verdicts filter reports them.
-GATES = ("functional", "quality", "throughput")
 
 SIM = "(sim)"
 SIMULATED_NOTE = "simulated (lab engine stand-in)"
@@ -177,7 +173,9 @@ def series(table: list[Row]) -> dict:
 
     score: [Point]; latency: {"ttft_ms": {"p50": [Point], ...}, "tpot_ms": {...}};
     deviation: [Point] (the quality score's deviation from its baseline, a fraction); and what
-    the lines are drawn from: the gate score(s), the ±bound(s), the weights, the baselines."""
+    the lines are drawn from, as the figures recorded them (the gates role's bounds when they
+    were measured): the gate score(s), the ±bound(s), the weights (None when no figure set
+    holds them), the baselines."""
     score, deviation = [], []
     latency = {key: {percentile: [] for percentile in PERCENTILES} for key, _name in LATENCIES}
     gates, bounds, baselines, weights = [], [], [], None
@@ -187,7 +185,8 @@ def series(table: list[Row]) -> dict:
             simulated = bool(bench.get("simulated"))
             score.append(Point(row.release, row.host, number(bench["score"]), simulated))
             gate = number(bench["gate"].get("score")) if isinstance(bench.get("gate"), dict) else None
-            _add_once(gates, gate if gate is not None else float(SCORE_GATE))
+            if gate is not None:
+                _add_once(gates, gate)
             if isinstance(bench.get("weights"), dict):
                 weights = bench["weights"]
             for key, _name in LATENCIES:
@@ -196,17 +195,18 @@ def series(table: list[Row]) -> dict:
                     value = number(figures.get(percentile))
                     if value is not None:
                         latency[key][percentile].append(Point(row.release, row.host, value, simulated))
+        bound = number(quality.get("bound")) if quality else None
+        if bound is not None:
+            _add_once(bounds, bound)
         if quality and number(quality.get("deviation")) is not None:
             deviation.append(Point(row.release, row.host, number(quality["deviation"]),
                                    bool(quality.get("simulated"))))
-            bound = number(quality.get("bound"))
-            _add_once(bounds, bound if bound is not None else QUALITY_BOUND)
             baseline = quality.get("baseline") if isinstance(quality.get("baseline"), dict) else {}
             if baseline.get("release"):
                 _add_once(baselines, str(baseline["release"]))
     return {"score": score, "latency": latency, "deviation": deviation, "gates": gates,
-            "bounds": bounds or [QUALITY_BOUND], "baselines": baselines,
-            "weights": weights or WEIGHTS, "releases": list(dict.fromkeys(row.release for row in table))}
+            "bounds": bounds, "baselines": baselines,
+            "weights": weights, "releases": list(dict.fromkeys(row.release for row in table))}
 
 
 def _add_once(values: list, value) -> None:
@@ -329,9 +329,7 @@ def _score_figure(Figure, FigureCanvasAgg, plotted, colours, markers, hollow):
     releases = _categories(plotted, points)
     figure = _new_figure(Figure, FigureCanvasAgg, releases, 4.8)
     axes = figure.add_subplot()
-    weights = plotted["weights"]
-    title = (f"Weighted score per release and host ({weights.get('output')} × output tok/s + "
-             f"{weights.get('input')} × input tok/s)")
+    title = "Weighted score per release and host" + (f" ({_formula(plotted['weights'])})" if plotted["weights"] else "")
     axes.set_title(_simulated_title(title, points), fontsize="medium")
     if not points:
         _nothing(axes, "a benchmark score")
@@ -415,12 +413,17 @@ def _quality_figure(Figure, FigureCanvasAgg, plotted, colours, markers, hollow, 
         handles.append(hollow)
     _release_axis(axes, releases)
     axes.set_ylabel("deviation from the baseline (%)")
-    # The band stays in view when every point is close to zero.
-    low, high = axes.get_ylim()
-    widest = 100 * max(plotted["bounds"])
-    axes.set_ylim(min(low, -1.5 * widest), max(high, 1.5 * widest))
+    if plotted["bounds"]:
+        # The band stays in view when every point is close to zero.
+        low, high = axes.get_ylim()
+        widest = 100 * max(plotted["bounds"])
+        axes.set_ylim(min(low, -1.5 * widest), max(high, 1.5 * widest))
     _legend(axes, handles)
     return figure
+
+
+def _formula(weights: dict) -> str:
+    return f"{weights.get('output')} × output tok/s + {weights.get('input')} × input tok/s"
 
 
 def png(figure) -> bytes:
@@ -462,7 +465,8 @@ def figure_cells(bench, quality) -> tuple[str, str, str, str]:
 
 def gate_cells(row: Row) -> list[tuple[str, bool | None, str]]:
     """(gate, passed, why) for each gate the row's figures tell: functional from the probes'
-    verdicts, throughput and quality from the verdict their actions recorded."""
+    verdicts, quality and throughput from the verdict their actions recorded, with the bounds
+    they recorded."""
     verdicts = []
     if row.probes:
         verdicts.append(("functional", not row.failed_probes,
@@ -470,15 +474,15 @@ def gate_cells(row: Row) -> list[tuple[str, bool | None, str]]:
     if row.quality:
         deviation = number(row.quality.get("deviation"))
         bound = number(row.quality.get("bound"))
-        why = (f"deviation {100 * deviation:+.1f} %, gate ±{100 * (bound if bound is not None else QUALITY_BOUND):g} %"
+        why = (f"deviation {100 * deviation:+.1f} %" + (f", gate ±{100 * bound:g} %" if bound is not None else "")
                if deviation is not None else "no baseline to compare with yet")
         verdicts.append(("quality", _passed(row.quality.get("passed")), _marked(why, row.quality.get("simulated"))))
     if row.bench:
         gate = row.bench.get("gate") if isinstance(row.bench.get("gate"), dict) else {}
         minimum = number(gate.get("score"))
-        why = f"score {number(row.bench['score']):.0f}, gate ≥ {minimum if minimum is not None else SCORE_GATE:g}"
+        why = f"score {number(row.bench['score']):.0f}" + (f", gate ≥ {minimum:g}" if minimum is not None else "")
         verdicts.append(("throughput", _passed(gate.get("passed")), _marked(why, row.bench.get("simulated"))))
-    return sorted(verdicts, key=lambda verdict: GATES.index(verdict[0]))
+    return verdicts
 
 
 def _passed(value) -> bool | None:
@@ -487,79 +491,27 @@ def _passed(value) -> bool | None:
 
 # --- the page ------------------------------------------------------------------------------------
 
-STYLE = """\
-body { font-family: "DejaVu Sans", Verdana, sans-serif; margin: 2em; color: #222; }
-img { max-width: 100%; border: 1px solid #ddd; }
-table { border-collapse: collapse; font-size: 0.9em; }
-th, td { border: 1px solid #ccc; padding: 0.25em 0.6em; text-align: left; vertical-align: top; }
-th { background: #f2f2f2; }
-td.number { text-align: right; white-space: nowrap; }
-.passed { color: #1a7f37; }
-.failed { color: #c62828; font-weight: bold; }
-.unknown { color: #777; }
-.simulated { background: #fff8e1; border-left: 4px solid #f9a825; padding: 0.5em 1em; }
-"""
-
 TABLE_COLUMNS = ("release", "host", "state", "score", "output tok/s", "TTFT p99", "quality", "gates")
 
 
 def page(fleet: str, lines: list[dict], table: list[Row], plotted: dict) -> str:
-    e = html.escape
+    """index.html, files/report/index.html.j2 filled in (autoescaped) with the ledger's rows."""
     points = plotted["score"] + plotted["deviation"] + [
         point for key, _name in LATENCIES for percentile in PERCENTILES for point in plotted["latency"][key][percentile]]
-    releases = plotted["releases"]
-    hosts = list(dict.fromkeys(row.host for row in table))
     times = [str(line["time"]) for line in lines if line.get("time")]
-    parts = [
-        "<!DOCTYPE html>",
-        '<html lang="en">',
-        "<head>",
-        '<meta charset="utf-8">',
-        f"<title>biv100.serving releases: {e(fleet)}</title>",
-        f"<style>\n{STYLE}</style>",
-        "</head>",
-        "<body>",
-        f"<h1>Releases of the fleet {e(fleet)}</h1>",
-        f"<p>Drawn from the fleet's deployment ledger (ledger.jsonl): {len(lines)} lines"
-        + (f", the last at {e(max(times))}" if times else "")
-        + f"; {len(releases)} releases on {len(hosts)} hosts, in the order they first appear in the ledger. "
-        "Each figure is the last one the ledger recorded for that release and host; a release "
-        "without figures is listed below but not plotted.</p>",
-    ]
-    if any(point.simulated for point in points):
-        parts.append(f'<p class="simulated"><strong>Simulated figures.</strong> The figures marked {SIM} '
-                     "in the table and drawn hollow in the plots were measured on the lab's engine "
-                     "stand-in, not on a BI-V100 engine: they show that the pipeline works, not how "
-                     "fast or how good a release is.</p>")
-    weights = plotted["weights"]
-    sections = (
-        ("Weighted score", SCORE_PLOT,
-         f"{weights.get('output')} × output tok/s + {weights.get('input')} × input tok/s per release and "
-         f"host; the dashed line is the throughput gate ({', '.join(f'{gate:g}' for gate in plotted['gates']) or SCORE_GATE})."),
-        ("Latency", LATENCY_PLOT, "Time to first token and time per output token, p50, p90 and p99, "
-                                  "per release and host."),
-        ("Quality", QUALITY_PLOT, "Deviation of the quality score from the baseline release; the band "
-                                  "is the quality gate "
-                                  f"(±{', ±'.join(f'{100 * bound:g}' for bound in plotted['bounds'])} %)."),
+    return _templates.render(
+        INDEX_TEMPLATE,
+        fleet=fleet, lines=len(lines), last=max(times) if times else None,
+        releases=len(plotted["releases"]), hosts=len(dict.fromkeys(row.host for row in table)),
+        simulated=any(point.simulated for point in points), sim=SIM,
+        plots={"score": SCORE_PLOT, "latency": LATENCY_PLOT, "quality": QUALITY_PLOT},
+        weights=plotted["weights"], gates=[f"{gate:g}" for gate in plotted["gates"]],
+        bounds=[f"{100 * bound:g}" for bound in plotted["bounds"]],
+        columns=TABLE_COLUMNS,
+        rows=[{"cells": (row.release, row.host, row.state), "figures": figure_cells(row.bench, row.quality),
+               "gates": [{"name": gate, "passed": passed, "why": why} for gate, passed, why in gate_cells(row)]}
+              for row in table],
     )
-    for heading, image, caption in sections:
-        parts += [f"<h2>{heading}</h2>", f"<p>{e(caption)}</p>",
-                  f'<p><img src="{image}" alt="{e(heading)} per release and host"></p>']
-    parts += ["<h2>Releases</h2>", "<table>",
-              "<thead><tr>" + "".join(f"<th>{e(name)}</th>" for name in TABLE_COLUMNS) + "</tr></thead>",
-              "<tbody>"]
-    for row in table:
-        score, output, ttft, quality = figure_cells(row.bench, row.quality)
-        gates = "<br>".join(
-            f'<span class="{"unknown" if passed is None else "passed" if passed else "failed"}">'
-            f'{e(gate)}: {"?" if passed is None else "passed" if passed else "FAILED"}</span> – {e(why)}'
-            for gate, passed, why in gate_cells(row))
-        cells = [f"<td>{e(row.release)}</td>", f"<td>{e(row.host)}</td>", f"<td>{e(row.state)}</td>",
-                 *(f'<td class="number">{e(value)}</td>' for value in (score, output, ttft, quality)),
-                 f"<td>{gates}</td>"]
-        parts.append("<tr>" + "".join(cells) + "</tr>")
-    parts += ["</tbody>", "</table>", "</body>", "</html>", ""]
-    return "\n".join(parts)
 
 
 def render(lines: list[dict], fleet: str) -> dict[str, bytes]:

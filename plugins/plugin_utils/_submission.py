@@ -3,18 +3,19 @@
 # SPDX-License-Identifier: GPL-3.0-or-later
 """The platform submission bundle of a release, built from what the fleet's hosts kept of it.
 
-Controller side (Python 3.11, standard library and the collection's own code). The input is one
-export per named host, as biv100.serving.serving_release returns it with `export: true`: the
-release's status and record on that host, the bytes the release installed there (`contents`,
-base64) and the vendor's digest of every file involved (`vendor`). From them:
+Controller side (Python 3.11, standard library, Jinja2 and the collection's own code). The input
+is one export per named host, as biv100.serving.serving_release returns it with `export: true`:
+the release's status and record on that host, the bytes the release installed there
+(`contents`, base64) and the vendor's digest of every file involved (`vendor`). From them:
 
 - build(release, hosts, reference=, force=): decides what the bundle holds and refuses what it
   cannot stand behind (a host without the release, a release not proven good, a record without
   its run document, two hosts of the same base that installed different bytes, a file the
   vendor has that a release would remove), each refusal naming the host and the path;
 - the bundle's files: computility-run.yaml (the run document the deploy recorded, verbatim),
-  patch_ops.sh (plugin_utils/_patch_ops.py), MANIFEST, files/<variant>/<path>, README.md and
-  SHA256SUMS (README.md, "The platform's submission bundle", describes them);
+  patch_ops.sh (plugin_utils/_patch_ops.py), MANIFEST, files/<variant>/<path>, README.md
+  (files/submission/README.md.j2) and SHA256SUMS (README.md, "The platform's submission
+  bundle", describes them);
 - archive(bundle): the folder as a reproducible .tar.gz.
 
 A variant is one vendor base: the hosts whose vendor files have the same digests at every path
@@ -38,19 +39,22 @@ from dataclasses import dataclass, field, replace
 
 from ansible_collections.biv100.serving.plugins.module_utils._serving_layer import in_serving_layer
 from ansible_collections.biv100.serving.plugins.module_utils._vllm_layout import PROTECTED_LOCATIONS
-from ansible_collections.biv100.serving.plugins.plugin_utils import _patch_ops
+from ansible_collections.biv100.serving.plugins.plugin_utils import _patch_ops, _templates
 from ansible_collections.biv100.serving.plugins.plugin_utils._report import SIM, number
 
 RUN_FILE = "computility-run.yaml"
 SCRIPT = "patch_ops.sh"
 MANIFEST = "MANIFEST"
 README = "README.md"
+README_TEMPLATE = "submission/README.md.j2"
 SUMS = "SHA256SUMS"
 PAYLOAD = "files"
 SCRIPT_MODE = 0o755
 FILE_MODE = 0o644
 DIRECTORY_MODE = 0o755
 
+# What a mapping record says of a change of the serving layer, as the README's table shows it.
+MAPPING_FIELDS = ("idea", "place", "change", "entry")
 # What MANIFEST writes for "no such file" and for a fact the record does not hold.
 ABSENT = "-"
 VARIANT_ID_LENGTH = 12
@@ -416,6 +420,7 @@ def sha256sums(files: dict[str, bytes]) -> str:
 
 
 def _cell(value) -> str:
+    """A Markdown table cell holding value: no line break, a pipe or a backslash of its own."""
     return str(value).replace("\\", "\\\\").replace("|", "\\|").replace("\n", " ").strip()
 
 
@@ -424,83 +429,32 @@ def _code(path: str) -> str:
 
 
 def readme(bundle: Bundle, record: dict, included: list) -> str:
-    release, reference = bundle.release, bundle.reference
-    proven = sorted(host.name for host in included if host.status == "good")
+    """README.md, files/submission/README.md.j2 filled in with the bundle and the reference
+    host's release record."""
+    reference = bundle.reference
     status = bundle.statuses[reference]
-    parts = [f"# Submission {release}", ""]
-    headline = f"Release **{release}**, status **{status}** on {reference} (the reference host)"
-    parts.append(headline + (f"; proven good on {', '.join(proven)}." if proven else "; proven good on no host."))
-    if bundle.forced:
-        parts += ["", f"> **Built with force: release {release} was not proven good on "
-                  f"{_listed(bundle.forced)}.** The fleet did not stand behind this bundle on "
-                  f"{'that host' if len(bundle.forced) == 1 else 'those hosts'}: submit it knowingly."]
-    parts += [
-        "",
-        "Built by biv100.serving from the release as the fleet's hosts kept it: the exact bytes each "
-        "host's release installed, the vendor's digest of every file involved, and the run document "
-        f"the deploy recorded on {reference}. The same release gives the same bytes.",
-        "",
-        "## Contents",
-        "",
-        "| file | what it is |",
-        "| --- | --- |",
-        f"| `{RUN_FILE}` | the engine's environment and launch parameters the release ran with, "
-        f"recorded by the deploy on {reference} |",
-        f"| `{SCRIPT}` | installs the serving-layer files over the base image's vllm package |",
-        f"| `{MANIFEST}` | what {SCRIPT} installs, per variant of the vendor's base |",
-        f"| `{PAYLOAD}/<variant>/<path>` | the installed bytes of every file a variant changes |",
-        f"| `{README}` | this page |",
-        f"| `{SUMS}` | the sha256 of every other file of the folder (`sha256sum -c {SUMS}`) |",
-        "",
-        "## How to use",
-        "",
-        f"1. Copy this folder onto the base image (or unpack `{release}.tar.gz`, which holds it).",
-        f"2. `sh {SCRIPT} --dry-run` checks the bundle and the vllm tree, finds the vllm package with "
-        "the base's Python, names the variant it recognises and the files it would install, and "
-        "changes nothing.",
-        f"3. `sh {SCRIPT}` installs them: each original is backed up once (beside the package, in "
-        "`<vllm root>.patch-ops-backup`), each file is written through a temporary file and a "
-        "rename, the installed Python files are compiled with the base's interpreter and the model "
-        "layer is checked unchanged; on any problem it puts back what it changed and exits non-zero. "
-        "Running it again reports every file unchanged.",
-        f"4. `sh {SCRIPT} --restore` puts the vendor's originals back (`--restore --dry-run` lists them).",
-        "",
-        "`--vllm-root DIR` patches the vllm package folder DIR instead of the one it finds "
-        "(`--python PATH` names the interpreter, `--help` lists the options).",
-        "",
-        f"`{RUN_FILE}` is the platform's run document: the engine's environment (`env`), its launch "
-        "parameters (`parameters`) and the command that starts it, as the fleet ran this release. "
-        f"The platform starts the base image with it and runs `{SCRIPT}`; give it unchanged.",
-        "",
-    ]
-    parts += _gates_section(record, reference, status)
-    parts += _mappings_section(bundle, included)
-    parts += _variants_section(bundle)
-    parts += _left_out_section(bundle)
-    return "\n".join(parts).rstrip("\n") + "\n"
-
-
-def _gates_section(record: dict, reference: str, status: str) -> list[str]:
     gates = _first_instance(record.get("gates"))
     gates = gates if isinstance(gates, dict) else {}
     bench = gates.get("bench") if isinstance(gates.get("bench"), dict) else None
     quality = gates.get("quality") if isinstance(gates.get("quality"), dict) else None
-    parts = ["## Gate figures", "", f"As the release record on {reference} holds them."]
-    verdict = _recorded_verdict(record, status)
-    if verdict:
-        parts += ["", verdict]
-    parts += ["", "| gate | verdict | figures |", "| --- | --- | --- |",
-              f"| functional | {'passed' if status == 'good' else 'not proven'} | "
-              f"{'a release is marked good only once its probes pass' if status == 'good' else f'status {status}'} |",
-              f"| quality | {_verdict(quality.get('passed') if quality else None, quality)} | "
-              f"{_cell(_quality_figures(quality))} |",
-              f"| throughput | {_verdict((bench.get('gate') or {}).get('passed') if bench else None, bench)} | "
-              f"{_cell(_bench_figures(bench))} |"]
-    if any(figures and figures.get("simulated") for figures in (bench, quality)):
-        parts += ["", f"{SIM}: simulated - measured on the lab's engine stand-in, not on a BI-V100 "
-                  "engine; these figures show that the pipeline works, not how fast or how good the "
-                  "release is."]
-    return parts + [""]
+    return _templates.render(
+        README_TEMPLATE, filters={"cell": _cell, "code": _code},
+        release=bundle.release, reference=reference, status=status,
+        proven=sorted(host.name for host in included if host.status == "good"),
+        forced=_listed(bundle.forced), forced_hosts=len(bundle.forced),
+        run_file=RUN_FILE, script=SCRIPT, manifest=MANIFEST, payload=PAYLOAD, readme=README, sums=SUMS,
+        recorded_verdict=_recorded_verdict(record, status),
+        quality={"verdict": _verdict(quality.get("passed") if quality else None, quality),
+                 "figures": _quality_figures(quality)},
+        bench={"verdict": _verdict((bench.get("gate") or {}).get("passed") if bench else None, bench),
+               "figures": _bench_figures(bench)},
+        simulated=any(figures and figures.get("simulated") for figures in (bench, quality)), sim=SIM,
+        mappings=_mappings(bundle, included),
+        variants=[{"id": variant.id, "hosts": variant.hosts, "installed": variant.installed, "kept": variant.kept,
+                   "version": variant.vllm_version if variant.vllm_version != ABSENT else "not recorded"}
+                  for variant in bundle.variants],
+        left_out=bundle.left_out,
+    )
 
 
 def _recorded_verdict(record: dict, status: str) -> str:
@@ -582,49 +536,17 @@ def _bench_figures(bench: dict | None) -> str:
     return _marked(text, bench)
 
 
-def _mappings_section(bundle: Bundle, included: list) -> list[str]:
-    """The mapping records of every included host's release, once each, with the variants that
-    carry them (a conditional entry, such as the registry's, is in some variants only)."""
+def _mappings(bundle: Bundle, included: list) -> list[dict]:
+    """The mapping records of every included host's release, once each and sorted, with the
+    variants that carry them (a conditional entry, such as the registry's, is in some variants only)."""
     variant_of = {host: variant.id for variant in bundle.variants for host in variant.hosts}
     carried: dict[tuple, set] = {}
     for host in included:
         for mapping in host.record.get("mappings") or []:
             if isinstance(mapping, dict):
-                key = tuple(str(mapping.get(name) or "") for name in ("idea", "place", "change", "entry"))
+                key = tuple(str(mapping.get(name) or "") for name in MAPPING_FIELDS)
                 carried.setdefault(key, set()).add(variant_of[host.name])
-    parts = ["## Mapping records", ""]
-    if not carried:
-        return parts + ["The release records no mapping record.", ""]
-    parts += ["What each change of the serving layer is for: the idea, its place in the base, the kind "
-              "of change, and the payload entry that carries it.", "",
-              "| idea | place in the base | change | entry | variants |", "| --- | --- | --- | --- | --- |"]
-    for key in sorted(carried):
-        idea, place, change, entry = (_cell(value) for value in key)
-        parts.append(f"| {idea} | {place} | {change} | {entry} | {', '.join(sorted(carried[key]))} |")
-    return parts + [""]
-
-
-def _variants_section(bundle: Bundle) -> list[str]:
-    parts = ["## Variants", "",
-             f"{SCRIPT} recognises the variant of the base it runs on by the sha256 of the vendor's file at "
-             f"every path below (`{MANIFEST}`), and refuses a base that is none of them.", "",
-             "| variant | vLLM version | hosts | installed | kept |", "| --- | --- | --- | --- | --- |"]
-    for variant in bundle.variants:
-        installed = ", ".join(_code(path) for path in variant.installed) or "-"
-        kept = ", ".join(_code(path) for path in variant.kept) or "-"
-        version = variant.vllm_version if variant.vllm_version != ABSENT else "not recorded"
-        parts.append(f"| `{variant.id}` | {_cell(version)} | {', '.join(variant.hosts)} | {installed} | {kept} |")
-    return parts + ["", f"Installed files are in `{PAYLOAD}/<variant>/<path>`; a kept file stays the vendor's.", ""]
-
-
-def _left_out_section(bundle: Bundle) -> list[str]:
-    parts = ["## Hosts left out", ""]
-    if not bundle.left_out:
-        return parts + [f"None: every named host ran the engine of {RUN_FILE}.", ""]
-    parts += [f"These hosts hold the release but did not run the engine of {RUN_FILE}: their "
-              "bases are not among the variants.", "", "| host | why |", "| --- | --- |"]
-    parts += [f"| {item.host} | {_cell(item.reason)} |" for item in bundle.left_out]
-    return parts + [""]
+    return [dict(zip(MAPPING_FIELDS, key), variants=sorted(carried[key])) for key in sorted(carried)]
 
 
 # --- the archive -----------------------------------------------------------------------------

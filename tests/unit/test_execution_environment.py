@@ -120,10 +120,10 @@ def test_the_python_packages_are_requirements_txts_pins_and_all_the_controller_n
     for name in ("ansible_core", "ansible_runner"):
         requirement = Requirement(definition[name]["package_pip"])
         assert str(requirement.specifier) == f"=={pinned[canonicalize_name(requirement.name)]}"
-    # jmespath (the probes' expectations), matplotlib (the report's plots) and what they,
-    # ansible-core and ansible-runner need, as installed beside them here: nothing left to
-    # whatever the index has on the day of a build.
-    needed, todo = set(), ["ansible-core", "ansible-runner", "jmespath", "matplotlib"]
+    # jmespath (the probes' expectations), jsonschema (their JSON Schemas and the quality set's),
+    # matplotlib (the report's plots) and what they, ansible-core and ansible-runner need, as
+    # installed beside them here: nothing left to whatever the index has on the day of a build.
+    needed, todo = set(), ["ansible-core", "ansible-runner", "jmespath", "jsonschema", "matplotlib"]
     while todo:
         name = canonicalize_name(todo.pop())
         if name not in needed:

@@ -23,6 +23,7 @@ import pytest
 import yaml
 from ansible.errors import AnsibleActionFail
 from ansible.parsing.dataloader import DataLoader
+from gates_defaults import SCORE_GATE, WEIGHTS
 
 from ansible_collections.biv100.serving.plugins.action import engine_bench as bench_action
 from ansible_collections.biv100.serving.plugins.doc_fragments import engine_endpoint
@@ -50,7 +51,7 @@ def figures(output_tps, input_tps, ok=24, failed=0, simulated=True, failures=())
         "input_tps": float(input_tps), "output_tps": float(output_tps),
         "total_tps": float(input_tps + output_tps), "ttft_ms": dict(latency, p99=200.0),
         "tpot_ms": dict(latency, p99=20.0), "itl_ms": latency, "e2e_ms": latency,
-        "weights": {"output": 0.83, "input": 0.17}, "score": 0.83 * output_tps + 0.17 * input_tps,
+        "weights": WEIGHTS, "score": WEIGHTS["output"] * output_tps + WEIGHTS["input"] * input_tps,
         "simulated": simulated, "concurrency": 2, "warmup": {"ok": 2, "failed": 0},
         "failures": list(failures), "progress_error": None, "msg": "module's own summary",
         "invocation": {"module_args": {"requests": "26 request bodies"}},
@@ -141,8 +142,16 @@ def playbook_dir(tmp_path):
     return folder
 
 
+# An option of args_for the task leaves out.
+LEFT_OUT = object()
+
+
 def run_action(args, host, playbook_dir, check_mode=False):
-    task = SimpleNamespace(args=dict(args), check_mode=check_mode, async_val=0, action=bench_action.MODULE,
+    """The action's result for a task of args, with the competition's weights and gate unless args
+    has its own (the gates role passes them) or leaves them out."""
+    args = {name: value for name, value in {"weights": WEIGHTS, "gate": SCORE_GATE, **args}.items()
+            if value is not LEFT_OUT}
+    task = SimpleNamespace(args=args, check_mode=check_mode, async_val=0, action=bench_action.MODULE,
                            environment=[], no_log=False, diff=False)
     connection = SimpleNamespace(_shell=SimpleNamespace(tmpdir=None, join_path=posixpath.join))
     loader = DataLoader()
@@ -219,6 +228,7 @@ def test_the_workload_is_expanded_on_the_controller_and_the_bodies_travel(tmp_pa
     assert module_args["warmup"] == 1 and module_args["concurrency"] == 2 and module_args["timeout"] == 30
     assert module_args["api_key_env_file"] == "/etc/engine.env" and "api_key" not in module_args
     assert module_args["progress_file"] == str(tmp_path / "host" / "tmp" / bench_action.PROGRESS_NAME)
+    assert module_args["weights"] == WEIGHTS
     # The options the action reads stay on the controller.
     assert not {"workload", "datasets", "gate", "release", "results_dir", "compare_with", "poll_seconds",
                 "max_num_seqs", "max_failed_fraction"} & set(module_args)
@@ -360,6 +370,13 @@ def test_no_concurrency_is_refused(tmp_path, workload, playbook_dir):
     refused(args, tmp_path, playbook_dir, "concurrency: give concurrency or max_num_seqs")
 
 
+@pytest.mark.parametrize("option, message", [("gate", "gate is required"),
+                                             ("weights", "missing required arguments: weights")])
+def test_the_gate_and_the_weights_have_no_default_of_their_own(tmp_path, workload, playbook_dir, option, message):
+    # The competition's are the gates role's to pass (gates_competition).
+    refused(args_for(workload, **{option: LEFT_OUT}), tmp_path, playbook_dir, message)
+
+
 def test_the_key_itself_is_refused_so_that_it_is_never_written_to_the_host(tmp_path, workload, playbook_dir):
     refused(args_for(workload, api_key="sk-secret"), tmp_path, playbook_dir, "give api_key_env_file")
 
@@ -424,8 +441,7 @@ def test_the_real_module_end_to_end(tmp_path, workload, playbook_dir, shown, eng
     url, received = engine_url
 
     def live(module_args):
-        params = dict(module_args, weights={"output": 0.83, "input": 0.17})
-        return bench_module.run_bench(params)
+        return bench_module.run_bench(dict(module_args))
 
     host = Host(tmp_path / "host", live=live)
     result = run_action(args_for(workload, url=url, poll_seconds=0.05), host, playbook_dir)

@@ -18,6 +18,7 @@ import pytest
 import yaml
 from ansible.errors import AnsibleActionFail
 from ansible.parsing.dataloader import DataLoader
+from gates_defaults import QUALITY_BOUND
 
 from json_engine import JsonEngine
 
@@ -63,7 +64,9 @@ def answering(contents: dict, headers=None):
 
 def run_action(args: dict, answers, module_result=None):
     """(result, calls): ActionModule.run() with a host whose engine_probe answers with answers
-    (a list of results, or a function of the module's arguments)."""
+    (a list of results, or a function of the module's arguments), the task's bound the
+    competition's unless args has one."""
+    args = {"bound": QUALITY_BOUND, **args}
     calls = []
 
     def execute_module(module_name, module_args=None, task_vars=None, **_):
@@ -87,7 +90,7 @@ def test_all_answers_right_without_a_baseline(small_set):
     assert {key: result[key] for key in ("set", "score", "cases", "correct", "failed_cases", "baseline", "deviation",
                                          "bound", "passed", "simulated", "changed")} == {
         "set": "small", "score": 1.0, "cases": 4, "correct": 4, "failed_cases": [], "baseline": None,
-        "deviation": None, "bound": 0.04, "passed": True, "simulated": False, "changed": False}
+        "deviation": None, "bound": QUALITY_BOUND, "passed": True, "simulated": False, "changed": False}
     assert result["msg"] == "quality 1.000 (no baseline yet: this release's score becomes one once it is good)"
     (call,) = calls
     assert set(call) == {"url", "api_key", "requests"} and call["url"] == URL and call["api_key"] == "sk-1"
@@ -176,6 +179,16 @@ def test_a_failed_module_call_fails_the_task(small_set):
 def test_bad_arguments_are_refused_before_any_request(args, message):
     with pytest.raises(AnsibleActionFail, match=message):
         run_action(args, [])
+
+
+def test_the_bound_has_no_default_of_its_own(small_set):
+    # The competition's is the gates role's to pass (gates_competition).
+    task = SimpleNamespace(args={"set": small_set}, check_mode=False, async_val=0,
+                           action="biv100.serving.engine_quality")
+    connection = SimpleNamespace(_shell=SimpleNamespace(tmpdir=None))
+    action = quality_action.ActionModule(task, connection, None, DataLoader(), None)
+    with pytest.raises(AnsibleActionFail, match="missing required arguments: bound"):
+        action.run(task_vars={"inventory_hostname": HOST})
 
 
 def test_a_bad_set_is_refused_before_any_request(tmp_path):

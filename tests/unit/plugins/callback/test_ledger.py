@@ -16,13 +16,13 @@ from ansible_collections.biv100.serving.plugins.callback.ledger import (
     SHOWN_FAILURE_CHARS,
     CallbackModule,
     append_lines,
-    ledger_home,
     move_old_ledgers,
     outcome_line,
-    project_root,
     read_lines,
     write_table,
 )
+from ansible_collections.biv100.serving.plugins.plugin_utils._ledger_location import ledger_home
+from ansible_collections.biv100.serving.plugins.plugin_utils._project_folder import project_root
 
 GOOD = {"time": "2026-11-29T20:00:00Z", "host": "h1", "playbook": "deploy.yml", "submission": "sub511",
         "release": "sub511", "state": "good", "files_changed": ["a.py", "b.py"],

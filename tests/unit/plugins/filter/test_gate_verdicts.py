@@ -59,6 +59,17 @@ def test_a_gate_left_out_does_not_apply_and_an_unknown_one_is_refused():
         gate_verdicts({"speed": {}})
 
 
+def test_the_verdicts_follow_the_order_the_gates_are_named_in():
+    verdicts = gate_verdicts({"throughput": {}, "functional": {"min_probes": 3}}, probes(3), BENCH_OK)
+    assert [v["gate"] for v in verdicts] == ["throughput", "functional"]
+
+
+def test_the_functional_gate_has_no_minimum_of_its_own():
+    # The competition's is the gates role's to pass (gates_competition).
+    with pytest.raises(ValueError, match="serving_gates.functional.min_probes is missing"):
+        gate_verdicts({"functional": {}}, probes(60))
+
+
 def test_a_failed_measurement_fails_its_gate_with_its_message():
     (verdict,) = gate_verdicts({"throughput": {}}, None, {"failed": True, "msg": "engine unreachable"})
     assert (verdict["passed"], verdict["summary"]) == (False, "engine unreachable")

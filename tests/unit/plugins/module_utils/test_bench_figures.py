@@ -6,6 +6,7 @@ from __future__ import annotations
 import random
 
 import pytest
+from gates_defaults import WEIGHTS
 
 from ansible_collections.biv100.serving.plugins.module_utils._bench_figures import (
     compute,
@@ -38,7 +39,7 @@ RUN = [
 
 @pytest.fixture
 def figures():
-    return compute(RUN, 1.0)
+    return compute(RUN, 1.0, WEIGHTS)
 
 
 def test_requests_tokens_and_throughputs(figures):
@@ -53,8 +54,8 @@ def test_requests_tokens_and_throughputs(figures):
 
 
 def test_the_score_weighs_output_and_input_throughput(figures):
-    assert figures["weights"] == {"output": 0.83, "input": 0.17}
-    assert figures["score"] == pytest.approx(0.83 * 7 + 0.17 * 1700)  # 294.81
+    assert figures["weights"] == WEIGHTS
+    assert figures["score"] == pytest.approx(WEIGHTS["output"] * 7 + WEIGHTS["input"] * 1700)
     weighted = compute(RUN, 2.0, {"output": 1.0, "input": 0.0})
     assert weighted["weights"] == {"output": 1.0, "input": 0.0}
     assert weighted["score"] == pytest.approx(3.5)
@@ -87,14 +88,14 @@ def test_e2e_runs_to_the_last_event_before_done(figures):
 
 
 def test_no_successful_request_gives_zeros_as_vllm_does():
-    empty = compute([record(1.0, [], None, None, None, error="refused")], 2.0)
+    empty = compute([record(1.0, [], None, None, None, error="refused")], 2.0, WEIGHTS)
     assert empty["requests"] == {"ok": 0, "failed": 1}
     assert empty["score"] == 0 and empty["output_tps"] == 0 and empty["input_tokens"] == 0
     assert empty["ttft_ms"] == {"mean": 0.0, "p50": 0.0, "p90": 0.0, "p99": 0.0}
 
 
 def test_a_zero_duration_gives_no_throughput_rather_than_a_division_error():
-    assert compute([record(1.0, [1.0], 1.0, 10, 1)], 0.0)["output_tps"] == 0.0
+    assert compute([record(1.0, [1.0], 1.0, 10, 1)], 0.0, WEIGHTS)["output_tps"] == 0.0
 
 
 def test_percentiles_are_numpys_default_linear_interpolation():

@@ -9,6 +9,7 @@ import threading
 import time
 
 import pytest
+from gates_defaults import WEIGHTS
 
 from json_engine import JsonEngine
 
@@ -109,7 +110,7 @@ def chat(label, max_tokens=5, stream=True, **extra):
 
 def bench_args(url, requests, **options):
     return dict({"url": url, "served_model_name": "qwen3_5", "requests": requests, "concurrency": 2,
-                 "timeout": 10}, **options)
+                 "timeout": 10, "weights": WEIGHTS}, **options)
 
 
 def test_the_figures_are_the_servers_counts_over_the_measured_requests(engine, run_module, tmp_path):
@@ -128,7 +129,9 @@ def test_the_figures_are_the_servers_counts_over_the_measured_requests(engine, r
     assert result["changed"] is False and result["concurrency"] == 2
     assert 0 < result["duration_s"] < 5
     assert result["output_tps"] == pytest.approx(30 / result["duration_s"], rel=1e-2)  # duration_s is rounded
-    assert result["score"] == pytest.approx(0.83 * result["output_tps"] + 0.17 * result["input_tps"], rel=1e-3)
+    assert result["weights"] == WEIGHTS
+    weighted = WEIGHTS["output"] * result["output_tps"] + WEIGHTS["input"] * result["input_tps"]
+    assert result["score"] == pytest.approx(weighted, rel=1e-3)
     # Four chunks (the role chunk too, as vLLM's benchmark counts) 10 ms apart: gaps of ~10 ms.
     assert 5 <= result["itl_ms"]["p50"] < 200 and result["ttft_ms"]["p50"] < result["e2e_ms"]["p50"]
     assert set(result["ttft_ms"]) == {"mean", "p50", "p90", "p99"}
@@ -298,6 +301,19 @@ def test_what_cannot_be_measured_is_refused_before_any_request(engine, run_modul
     assert state["received"] == []
 
 
+@pytest.mark.parametrize("weights, missing", [(None, "weights"), ({"output": 1.0}, "input")])
+def test_the_weights_have_no_default_of_their_own(engine, run_module, weights, missing):
+    # The competition's are the gates role's to pass (gates_competition).
+    url, state = engine()
+    args = bench_args(url, [chat("a")], weights=weights)
+    if weights is None:
+        del args["weights"]
+    failed, result = run_module(engine_bench, args)
+    assert failed and f"missing required arguments: {missing}" in result["msg"], result["msg"]
+    assert state["received"] == []
+
+
 def test_a_workload_is_the_actions_to_expand(run_module):
-    failed, result = run_module(engine_bench, {"served_model_name": "qwen3_5", "workload": "default"})
+    failed, result = run_module(engine_bench, {"served_model_name": "qwen3_5", "workload": "default",
+                                               "weights": WEIGHTS})
     assert failed and "action plugin" in result["msg"]

@@ -12,9 +12,10 @@ from pathlib import Path
 
 import pytest
 import yaml
+from gates_defaults import QUALITY_BOUND
 
 from ansible_collections.biv100.serving.plugins.plugin_utils import _quality as quality
-from ansible_collections.biv100.serving.plugins.plugin_utils._json_schema import schema_errors
+from ansible_collections.biv100.serving.plugins.plugin_utils._schema_errors import schema_errors
 
 REPO = Path(__file__).resolve().parents[4]
 DEFAULT_SET = REPO / "files" / "quality" / "default.yml"
@@ -266,7 +267,10 @@ def test_the_simulated_header():
     ("name: x\ncases: [{name: a, prompt: p, reference: [1], scorer: json_schema}]\n",
      "case a: reference must be a JSON schema (a mapping)"),
     ("name: x\ncases: [{name: a, prompt: p, reference: {type: colour}, scorer: json_schema}]\n",
-     "case a: reference is no schema that applies: type \"colour\" is none of"),
+     "case a: reference is no schema that applies: #/type: 'colour' is not valid under any of the given schemas"),
+    # Nested schemas are checked too, when the set is loaded.
+    ("name: x\ncases: [{name: a, prompt: p, reference: {properties: {year: {minimum: low}}}, scorer: json_schema}]\n",
+     "case a: reference is no schema that applies: #/properties/year/minimum: 'low' is not of type 'number'"),
     ("name: x\ncases: [{name: a, prompt: p, reference: {born: 1815-12-10}, scorer: json}]\n",
      "case a: reference: datetime.date(1815, 12, 10) (date) is no JSON value (quote it)"),
     ("name: x\ncases: [{name: a, prompt: p, reference: x, scorer: exact, tolerance: 1}]\n",
@@ -287,12 +291,15 @@ def test_a_bad_set_is_refused_naming_the_file_and_the_case(tmp_path, text, messa
 
 
 def test_a_schema_fault_an_answer_brings_out_names_the_set_and_the_case(tmp_path):
-    # Nested schemas apply only to values of their shape, so some faults show only then.
+    # A $ref is followed only for a value it applies to, so one that does not resolve shows only then.
     path = tmp_path / "set.yml"
     path.write_text("name: x\ncases: [{name: a, prompt: p, scorer: json_schema,"
-                    " reference: {properties: {year: {type: colour}}}}]\n")
-    with pytest.raises(quality.QualityError, match=f"quality set {path} case a: the reference is no schema"):
-        quality.evaluate(quality.load_set(path), [chat_answer('{"year": 1}')])
+                    " reference: {properties: {year: {$ref: '#/$defs/year'}}}}]\n")
+    loaded = quality.load_set(path)
+    assert quality.evaluate(loaded, [chat_answer('{"name": "Ada"}')]).correct == 1
+    with pytest.raises(quality.QualityError, match=f"quality set {path} case a: the reference is no schema "
+                                                   "that applies: .*does not resolve"):
+        quality.evaluate(loaded, [chat_answer('{"year": 1}')])
 
 
 def test_a_set_is_found_by_name_or_path(tmp_path):
@@ -328,18 +335,18 @@ def test_the_deviation_from_a_baseline(score, baseline, bound, deviation, passed
 
 
 def test_without_a_baseline_the_score_passes_and_becomes_one():
-    assert quality.compare(0.96875, None) == quality.Comparison(
+    assert quality.compare(0.96875, None, QUALITY_BOUND) == quality.Comparison(
         None, True, "quality 0.969 (no baseline yet: this release's score becomes one once it is good)")
 
 
 def test_without_a_baseline_a_zero_score_does_not_pass():
-    comparison = quality.compare(0.0, None)
+    comparison = quality.compare(0.0, None, QUALITY_BOUND)
     assert comparison.passed is False and comparison.deviation is None and "cannot become one" in comparison.msg
 
 
 @pytest.mark.parametrize("score", [0.0, 0.5])
 def test_a_zero_baseline_bounds_nothing(score):
-    comparison = quality.compare(score, {"release": "sub0", "score": 0.0})
+    comparison = quality.compare(score, {"release": "sub0", "score": 0.0}, QUALITY_BOUND)
     assert comparison.deviation is None and comparison.passed is False
     assert comparison.msg.startswith(f"quality {score:.3f} vs 0.000 of sub0: a zero baseline bounds nothing")
 

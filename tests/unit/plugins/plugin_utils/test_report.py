@@ -202,6 +202,34 @@ def test_the_figures_draw_exactly_the_series_one_point_per_release_and_host():
     assert (band.get_y(), band.get_y() + band.get_height()) == pytest.approx((-4.0, 4.0))
 
 
+def test_the_gate_line_the_band_and_the_weights_are_those_the_figures_recorded():
+    lines = [line("r1", "h1", 1, bench=dict(bench(9100.0, gate=9000), weights={"output": 0.9, "input": 0.1}),
+                  quality={**quality(-0.045), "bound": 0.05, "passed": True})]
+    plotted = series(rows(lines))
+    assert plotted["gates"] == [9000.0] and plotted["bounds"] == [0.05]
+    assert plotted["weights"] == {"output": 0.9, "input": 0.1}
+
+    drawn = figures(plotted, ["h1"])
+    assert [line.get_ydata()[0] for line in drawn[SCORE_PLOT].axes[0].lines
+            if line.get_label().startswith("gate")] == [9000.0]
+    assert "(0.9 × output tok/s + 0.1 × input tok/s)" in titles(drawn[SCORE_PLOT])
+    [band] = drawn[QUALITY_PLOT].axes[0].patches
+    assert (band.get_y(), band.get_y() + band.get_height()) == pytest.approx((-5.0, 5.0))
+    page = render(lines, "lab")[INDEX].decode()
+    assert ("0.9 × output tok/s + 0.1 × input tok/s per release and host; the dashed line is the throughput gate "
+            "(9000).") in page
+    assert "the band is the quality gate (±5 %)." in page
+    assert "quality: passed</span> – deviation -4.5 %, gate ±5 % (sim)" in page
+    assert "throughput: passed</span> – score 9100, gate ≥ 9000 (sim)" in page
+
+
+def test_a_ledger_without_figures_names_no_gate():
+    page = render([line("r1", "h1", 1)], "lab")[INDEX].decode()
+    assert "<p>The weighted score per release and host.</p>" in page
+    assert "<p>Deviation of the quality score from the baseline release.</p>" in page
+    assert series(rows([line("r1", "h1", 1)]))["gates"] == []
+
+
 def test_a_ledger_without_figures_gives_plots_that_say_so():
     drawn = figures(series(rows([line("r1", "h1", 1)])), ["h1"])
     for name in PLOTS:
@@ -324,6 +352,21 @@ def test_the_page_shows_the_plots_and_one_table_row_per_release_and_host():
     assert body[6][:7] == ["r2", "h1", "good", "", "", "", ""]
     assert body[-1][2] == "rolled back" and body[-1][6] == "0.837, -7.0 % (sim)"
     assert body[-1][7].startswith("functional: FAILED – failed: n-two / quality: FAILED – deviation -7.0 %, gate ±4 % (sim)")
+
+
+def test_the_page_shows_what_the_ledger_says_as_text_never_as_markup():
+    hostile = "<script>alert('x')</script>"
+    lines = [line("r1", f"h1{hostile}", 1, state=f"good & {hostile}", failed_probes=[hostile],
+                  probes="1/2 probes passed")]
+    text = render(lines, f"lab{hostile}")[INDEX].decode()
+    page = Cells()
+    page.feed(text)
+
+    assert page.scripts == 0 and "<script>" not in text
+    assert "<title>biv100.serving releases: lab&lt;script&gt;" in text
+    [_header, row] = page.rows
+    assert row[1:3] == [f"h1{hostile}", f"good & {hostile}"]
+    assert row[7] == f"functional: FAILED – failed: {hostile}"
 
 
 def test_figure_cells_are_blank_without_figures_and_marked_when_simulated():
