@@ -13,6 +13,7 @@ Called with only the module's own options, it is the module alone.
 
 from __future__ import annotations
 
+from ansible import constants as C
 from ansible.errors import AnsibleActionFail
 from ansible.plugins.action import ActionBase
 
@@ -26,6 +27,7 @@ from ansible_collections.biv100.serving.plugins.plugin_utils._probe_suite import
     with_values,
     write_results,
 )
+from ansible_collections.biv100.serving.plugins.plugin_utils._project_folder import project_root
 
 MODULE = "biv100.serving.engine_probe"
 SUITE_OPTIONS = ("suites", "values", "tags", "skip", "skip_tags", "results_file")
@@ -68,15 +70,18 @@ class ActionModule(ActionBase):
             "probes": [verdict.as_dict() for verdict in verdicts],
             "answers": answered["results"],
         }
-        if suite_args["results_file"]:
-            write_results(suite_args["results_file"], document)
+        results_file = suite_args["results_file"]
+        if results_file:
+            # A relative path is the project's (where ansible.cfg is), never the collection's.
+            results_file = str(project_root(C.CONFIG_FILE) / results_file)
+            write_results(results_file, document)
         result.update(
             changed=False,
             summary=summary,
             probes=document["probes"],
             table=table(verdicts),
             failed_probes=[verdict.name for verdict in failed],
-            results_file=suite_args["results_file"],
+            results_file=results_file,
         )
         if failed:
             first = failed[0]

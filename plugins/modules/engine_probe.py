@@ -127,6 +127,8 @@ options:
     description:
       - A JSON file on the controller to write the run to (the host, the summary, every
         verdict and every answer), whole or not at all; its folder is made when missing.
+      - A relative path is under the project folder, where the C(ansible.cfg) in use is (the
+        current folder without one), never inside the collection.
       - Read only with O(suites).
     type: path
 extends_documentation_fragment:
@@ -177,7 +179,7 @@ EXAMPLES = r"""
     skip_tags: [slow]
     url: http://127.0.0.1:8000
     api_key: "{{ engine_api_key }}"
-    results_file: "{{ playbook_dir }}/build/probes/{{ inventory_hostname }}.json"
+    results_file: "build/probes/{{ inventory_hostname }}.json"
   register: probe_result
 """
 

@@ -85,6 +85,19 @@ def test_every_probe_passing_is_summarised_and_the_requests_travel_in_one_call(s
     assert json.loads(results_file.read_text())["summary"] == "2/2 probes passed"
 
 
+def test_a_relative_results_file_is_written_under_the_project_folder(suite, tmp_path, monkeypatch):
+    # The project folder is where ansible.cfg is: never the collection, which may be read-only.
+    project = tmp_path / "project"
+    (project / "ansible.cfg").parent.mkdir()
+    (project / "ansible.cfg").write_text("[defaults]\n")
+    monkeypatch.setattr(probe_action.C, "CONFIG_FILE", str(project / "ansible.cfg"))
+    answers = [{"status": 200, "body": {"model": "qwen3_5"}, "latency_ms": 5.0},
+               {"status": 200, "body": {"data": []}, "latency_ms": 1.0}]
+    result, _calls = run_action(suite_args(suite, results_file="build/probes/run/h1.json"), answers)
+    assert result["results_file"] == str(project / "build/probes/run/h1.json")
+    assert json.loads((project / "build/probes/run/h1.json").read_text())["summary"] == "2/2 probes passed"
+
+
 def test_a_failing_probe_fails_the_task_naming_it_its_guard_and_the_expectation(suite):
     answers = [{"status": 200, "body": {"model": "other"}, "latency_ms": 5.0},
                {"status": 200, "body": {"data": []}, "latency_ms": 1.0}]
