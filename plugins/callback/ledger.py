@@ -9,8 +9,7 @@ one line per host it saw to <ledger dir>/ledger.jsonl, then rewrites LEDGER.md f
 file. The ledger dir is ledger/<fleet> at the project root (ledger/biv100 for -i inventory/biv100),
 so each fleet keeps its own record, outside its inventory folder: Ansible reads every file of an
 inventory folder as an inventory source. serving_ledger_dir, BIV100_LEDGER_DIR or the ini key
-name another. A ledger where earlier revisions kept it (inventory/<fleet>/ledger) is moved to
-its new place by the first run that finds it. Check-mode runs leave no line.
+name another. Check-mode runs leave no line.
 """
 
 from __future__ import annotations
@@ -34,14 +33,7 @@ description:
   - Hosts on which no module of the collection ran (a facts-only run) get no line; check-mode
     runs get none.
   - The ledger is kept outside the inventory folder, since Ansible reads every file of an
-    inventory folder as an inventory source. A C(ledger) folder holding C(ledger.jsonl) or
-    C(LEDGER.md) that an earlier revision of this callback kept inside an inventory folder
-    (C(inventory/<fleet>/ledger)) is moved by the first run that finds it, check-mode runs
-    included (no host is touched), and the run says so once - the first inventory's ledger to
-    O(ledger_dir), any other inventory's to its own fleet's default place. The folder is renamed
-    in one step where both places are on one filesystem, else copied under a temporary name
-    that is renamed into place before the old folder is removed; where a ledger already is at
-    the new place, its C(ledger.jsonl) gets the old lines too, each once and in time order.
+    inventory folder as an inventory source.
 requirements:
   - enabled in ansible.cfg (callbacks_enabled), as the project's own is
 options:
@@ -72,10 +64,8 @@ author:
   - biv100.serving maintainers (!UNKNOWN)
 """
 
-import errno
 import json
 import os
-import shutil
 from pathlib import Path
 
 from ansible import constants as C
@@ -87,13 +77,12 @@ from ansible_collections.biv100.serving.plugins.module_utils._state_store import
 from ansible_collections.biv100.serving.plugins.plugin_utils._atomic_file import write_atomic
 from ansible_collections.biv100.serving.plugins.plugin_utils._ledger_location import (
     LEDGER_FILE,
-    LEDGER_FOLDER,
     LEDGER_VARIABLE,
     TABLE_FILE,
     ledger_home,
 )
 from ansible_collections.biv100.serving.plugins.plugin_utils._probe_summary import probe_summary
-from ansible_collections.biv100.serving.plugins.plugin_utils._project_folder import inventory_folders, project_root
+from ansible_collections.biv100.serving.plugins.plugin_utils._project_folder import project_root
 from ansible_collections.biv100.serving.plugins.plugin_utils._report import figure_cells
 
 COLLECTION = "biv100.serving."
@@ -194,7 +183,7 @@ class CallbackModule(CallbackBase):
         write_table(directory / TABLE_FILE, read_lines(directory / LEDGER_FILE))
 
     def _ledger_dir(self) -> Path:
-        """This run's ledger folder; a ledger found inside an inventory folder is moved out first."""
+        """This run's ledger folder."""
         variable = self._ledger_variable()
         if variable:
             # What ansible-core does with an option's `vars` for the plugin types it hands
@@ -204,7 +193,6 @@ class CallbackModule(CallbackBase):
         root = project_root(C.CONFIG_FILE)
         configured = self.get_option("ledger_dir")
         directory = Path(configured) if configured else ledger_home(root, sources)
-        move_old_ledgers(sources, directory, root, say=self._display.display, warn=self._display.warning)
         return directory
 
     def _ledger_variable(self) -> str | None:
@@ -222,78 +210,6 @@ class CallbackModule(CallbackBase):
                                   "where BIV100_LEDGER_DIR, ansible.cfg or the default puts it")
             return None
         return str(value) if value not in (None, "") else None
-
-
-# --- ledgers kept inside an inventory folder ---------------------------------------------------
-
-
-def move_old_ledgers(sources, directory: Path, root: Path, say, warn) -> None:
-    """Move every ledger an earlier revision kept inside an inventory folder out of it, where
-    Ansible would read its files as inventory: the first inventory's to this run's ledger
-    folder, any other's to its own fleet's place at the project root."""
-    for index, folder in enumerate(inventory_folders(sources)):
-        old = folder / LEDGER_FOLDER
-        if not (old / LEDGER_FILE).is_file() and not (old / TABLE_FILE).is_file():
-            continue  # no ledger of ours: an inventory's own folder of that name is left alone
-        new = directory if index == 0 else root / LEDGER_FOLDER / folder.name
-        if new.absolute() == old.absolute() or (new.exists() and new.samefile(old)):
-            continue  # configured to stay there
-        try:
-            how = move_ledger(old, new)
-        except (OSError, ValueError) as error:  # ValueError: a line to merge that is no JSON
-            warn(f"The ledger in {old} could not be moved to {new} ({error}); move it by hand, "
-                 "since Ansible reads every file of an inventory folder as inventory")
-            continue
-        if how:
-            say(f"The deployment ledger moved from {old} to {new} ({how}), out of the inventory "
-                "folder; a fleet's ledger is worth committing in its new place.")
-
-
-def move_ledger(old: Path, new: Path) -> str | None:
-    """Move the ledger folder old to new and say how; None when another run moved it first.
-
-    One rename where both are on one filesystem (an empty folder at new is replaced); else a
-    copy under a temporary name renamed into place before old goes. A ledger already at new
-    gets old's lines merged into it."""
-    new.parent.mkdir(parents=True, exist_ok=True)
-    try:
-        os.rename(old, new)
-        return "renamed"
-    except OSError as error:
-        if error.errno == errno.ENOENT and not old.exists():
-            return None
-        if error.errno not in (errno.EXDEV, errno.ENOTEMPTY, errno.EEXIST):
-            raise
-    if new.is_dir() and any(new.iterdir()):
-        merge_ledger(old, new)
-        return "merged into the ledger already there"
-    staged = new.with_name(f".{new.name}.{os.getpid()}")
-    shutil.rmtree(staged, ignore_errors=True)
-    shutil.copytree(old, staged, symlinks=True)
-    os.rename(staged, new)
-    shutil.rmtree(old)
-    return "copied"
-
-
-def merge_ledger(old: Path, new: Path) -> None:
-    """Both places hold a ledger (an old checkout wrote the committed one again): new's
-    ledger.jsonl gets old's lines too, each line once, in time order; its table is remade; old
-    goes, unless it holds files of its own."""
-    lines: dict[str, dict] = {}
-    for path in (old / LEDGER_FILE, new / LEDGER_FILE):
-        if path.is_file():
-            for text in path.read_text(encoding="utf-8").splitlines():
-                if text.strip():
-                    lines.setdefault(text, json.loads(text))
-    merged = sorted(lines.items(), key=lambda item: str(item[1].get("time", "")))
-    write_atomic(new / LEDGER_FILE, "".join(text + "\n" for text, line in merged))
-    write_table(new / TABLE_FILE, [line for text, line in merged])
-    for path in [old / LEDGER_FILE, old / TABLE_FILE, *old.glob(f".{TABLE_FILE}.*")]:
-        path.unlink(missing_ok=True)
-    left = sorted(child.name for child in old.iterdir())
-    if left:
-        raise OSError(f"its lines are merged into {new / LEDGER_FILE}, but it still holds {', '.join(left)}")
-    old.rmdir()
 
 
 # --- what each module says ---------------------------------------------------------------------

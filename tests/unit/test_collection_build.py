@@ -32,8 +32,6 @@ LEFT_BY_TOOLS_AND_RUNS = [
     "ledger/lab/ledger.jsonl",                                   # the ledger callback
     "ledger/lab/LEDGER.md",
     "ledger/biv100/ledger.jsonl",
-    "inventory/lab/ledger/ledger.jsonl",                         # the ledger, where it used to be
-    "inventory/biv100/ledger/LEDGER.md",
     "biv100-serving-0.1.0.tar.gz",                               # an earlier build
 ]
 

@@ -3,7 +3,6 @@ they live: outside the inventory folder, which Ansible reads whole as inventory.
 
 from __future__ import annotations
 
-import errno
 import os
 import subprocess
 import sys
@@ -16,7 +15,6 @@ from ansible_collections.biv100.serving.plugins.callback.ledger import (
     SHOWN_FAILURE_CHARS,
     CallbackModule,
     append_lines,
-    move_old_ledgers,
     outcome_line,
     read_lines,
     write_table,
@@ -270,21 +268,9 @@ def test_a_table_row_says_where_a_host_was_lost(tmp_path):
     assert (tmp_path / "LEDGER.md").read_text().splitlines()[-1].endswith("| unreachable at Stage the payload: gone |")
 
 
-# --- where the ledger lives: outside the inventory folder ------------------------------------
+# --- where the ledger lives: outside the inventory folder -----------------------------------
 
 REPO = Path(__file__).resolve().parents[4]
-OLD_LINE = {"time": "2026-11-01T08:00:00Z", "host": "h1", "playbook": "deploy.yml", "release": "sub168",
-            "state": "good"}
-
-
-def old_ledger(folder: Path, *lines: dict) -> Path:
-    """A ledger where earlier revisions kept it: inventory/<fleet>/ledger/."""
-    ledger = folder / "ledger"
-    append_lines(ledger / "ledger.jsonl", list(lines or [OLD_LINE]))
-    write_table(ledger / "LEDGER.md", read_lines(ledger / "ledger.jsonl"))
-    return ledger
-
-
 def test_the_ledger_is_at_the_project_root_in_a_folder_named_after_the_fleet(tmp_path, monkeypatch):
     (tmp_path / "inventory" / "biv100").mkdir(parents=True)
     (tmp_path / "inventory" / "biv100" / "hosts.yml").write_text("all: {}\n")
@@ -300,117 +286,6 @@ def test_the_ledger_is_at_the_project_root_in_a_folder_named_after_the_fleet(tmp
     # A system-wide or user configuration, or none, is no project's: the current folder is the root.
     assert project_root("/etc/ansible/ansible.cfg") == project_root(None) == tmp_path / "inventory"
     assert project_root(str(Path("~/.ansible.cfg").expanduser())) == tmp_path / "inventory"
-
-
-class Said:
-    def __init__(self):
-        self.said, self.warned = [], []
-
-    def moves(self, sources, directory, root):
-        move_old_ledgers(sources, directory, root, say=self.said.append, warn=self.warned.append)
-
-
-def test_a_ledger_inside_the_inventory_folder_is_moved_whole_and_said_once(tmp_path):
-    fleet = tmp_path / "inventory" / "biv100"
-    old = old_ledger(fleet)
-    before = {path.name: path.read_bytes() for path in old.iterdir()}
-    inode = old.stat().st_ino
-    said = Said()
-
-    said.moves([str(fleet)], tmp_path / "ledger" / "biv100", tmp_path)
-    said.moves([str(fleet)], tmp_path / "ledger" / "biv100", tmp_path)
-
-    new = tmp_path / "ledger" / "biv100"
-    assert not old.exists() and {path.name: path.read_bytes() for path in new.iterdir()} == before
-    assert new.stat().st_ino == inode  # one rename, not a copy
-    assert said.said == [f"The deployment ledger moved from {old} to {new} (renamed), out of the inventory "
-                         "folder; a fleet's ledger is worth committing in its new place."]
-    assert said.warned == []
-
-
-def test_across_filesystems_the_ledger_is_copied_under_a_temporary_name_then_renamed(tmp_path, monkeypatch):
-    fleet = tmp_path / "inventory" / "biv100"
-    old = old_ledger(fleet)
-    before = {path.name: path.read_bytes() for path in old.iterdir()}
-    renames = []
-    real_rename = os.rename
-
-    def rename(source, target):
-        renames.append((Path(source).name, Path(target).name))
-        if Path(source) == old:
-            raise OSError(errno.EXDEV, "Invalid cross-device link")
-        real_rename(source, target)
-
-    monkeypatch.setattr(os, "rename", rename)
-    said = Said()
-    said.moves([str(fleet)], tmp_path / "elsewhere" / "biv100", tmp_path)
-
-    new = tmp_path / "elsewhere" / "biv100"
-    assert renames == [("ledger", "biv100"), (f".biv100.{os.getpid()}", "biv100")]
-    assert not old.exists() and {path.name: path.read_bytes() for path in new.iterdir()} == before
-    assert sorted(path.name for path in new.parent.iterdir()) == ["biv100"]
-    assert "(copied)" in said.said[0]
-
-
-def test_an_old_ledger_is_merged_into_one_already_at_the_new_place_each_line_once_in_time_order(tmp_path):
-    fleet = tmp_path / "inventory" / "biv100"
-    later = {**OLD_LINE, "time": "2026-11-20T08:00:00Z", "release": "sub510"}
-    # An old checkout wrote the committed inventory/biv100/ledger again after the move, and one
-    # line is in both (a copy the controller died during).
-    old = old_ledger(fleet, OLD_LINE, later)
-    newest = {**OLD_LINE, "time": "2026-11-29T08:00:00Z", "release": "sub511"}
-    new = tmp_path / "ledger" / "biv100"
-    append_lines(new / "ledger.jsonl", [OLD_LINE, newest])
-    said = Said()
-
-    said.moves([str(fleet)], new, tmp_path)
-
-    assert [line["release"] for line in read_lines(new / "ledger.jsonl")] == ["sub168", "sub510", "sub511"]
-    assert (new / "LEDGER.md").read_text().count("| h1 |") == 3
-    assert not old.exists() and "(merged into the ledger already there)" in said.said[0]
-
-
-def test_every_inventory_folders_ledger_goes_to_its_own_fleet_and_other_folders_are_left_alone(tmp_path):
-    # Molecule passes its own inventory folder first and the lab's second.
-    ephemeral = tmp_path / "molecule" / "inventory"
-    lab = tmp_path / "inventory" / "lab"
-    old_ledger(ephemeral)
-    old_ledger(lab)
-    # A folder named ledger that holds no ledger of this callback belongs to the inventory.
-    (tmp_path / "inventory" / "other" / "ledger").mkdir(parents=True)
-    (tmp_path / "inventory" / "other" / "ledger" / "hosts.yml").write_text("all: {}\n")
-    said = Said()
-
-    said.moves([str(ephemeral), str(lab), str(tmp_path / "inventory" / "other")],
-               tmp_path / "molecule" / "ledger", tmp_path)
-
-    assert (tmp_path / "molecule" / "ledger" / "ledger.jsonl").is_file()
-    assert (tmp_path / "ledger" / "lab" / "ledger.jsonl").is_file()
-    assert not (tmp_path / "ledger" / "other").exists()
-    assert (tmp_path / "inventory" / "other" / "ledger" / "hosts.yml").is_file()
-    assert len(said.said) == 2
-
-
-def test_a_ledger_configured_to_stay_in_the_inventory_folder_stays(tmp_path):
-    fleet = tmp_path / "inventory" / "biv100"
-    old = old_ledger(fleet)
-    said = Said()
-
-    said.moves([str(fleet)], old, tmp_path)
-
-    assert (old / "ledger.jsonl").is_file() and said.said == said.warned == []
-
-
-def test_a_ledger_that_cannot_be_moved_is_named_in_a_warning_and_the_run_goes_on(tmp_path):
-    fleet = tmp_path / "inventory" / "biv100"
-    old = old_ledger(fleet)
-    (tmp_path / "ledger").write_text("a file where the ledger folders would go\n")
-    said = Said()
-
-    said.moves([str(fleet)], tmp_path / "ledger" / "biv100", tmp_path)
-
-    assert (old / "ledger.jsonl").is_file() and said.said == []
-    assert said.warned[0].startswith(f"The ledger in {old} could not be moved to {tmp_path / 'ledger' / 'biv100'} (")
 
 
 # --- real runs: the ledger never warns as an inventory ---------------------------------------------
@@ -431,8 +306,8 @@ PLAYBOOK = """\
 @pytest.fixture
 def project(tmp_path):
     """A playbook project of its own (ansible.cfg with the ledger on, resolving biv100.serving from
-    this checkout) with an inventory folder holding a ledger where earlier revisions kept it;
-    run(*args, config=..., env=...) runs ansible-playbook there and returns its output."""
+    this checkout) with an inventory folder; run(*args, config=..., env=...) runs ansible-playbook
+    there and returns its output."""
     (tmp_path / "ansible.cfg").write_text(f"[defaults]\ncollections_path = {REPO / 'collections'}\n"
                                           "callbacks_enabled = biv100.serving.ledger\n")
     (tmp_path / "vllm" / "model_executor").mkdir(parents=True)
@@ -443,7 +318,6 @@ def project(tmp_path):
         "ansible_connection": "local", "ansible_python_interpreter": sys.executable}}}}))
     (fleet / "group_vars" / "all.yml").write_text(yaml.safe_dump({
         "guarded_package": str(tmp_path / "vllm"), "guarded_state": str(tmp_path / "state")}))
-    old_ledger(fleet)
     (tmp_path / "deploy.yml").write_text(PLAYBOOK)
 
     def run(*args, config=tmp_path / "ansible.cfg", **env):
@@ -465,34 +339,24 @@ def inventory_warnings(output: str) -> list[str]:
             if "[WARNING]" in line or "inventory source" in line or "Failed to parse" in line]
 
 
-def test_a_ledger_inside_the_inventory_folder_warns_no_more_after_the_run_that_moves_it(project):
+def test_each_run_appends_to_the_fleets_ledger_at_the_project_root_and_nothing_reads_it_as_inventory(project):
     first = project()
     second = project()
-    third = project()
 
     ledger = project.root / "ledger" / "fleet"
-    # Without the project's ignore pattern, Ansible reads the old folder once, before any
-    # callback runs; that run moves it out and says so.
-    assert any("ledger.jsonl" in line for line in inventory_warnings(first))
-    assert first.count("The deployment ledger moved from") == 1
-    assert inventory_warnings(second) == inventory_warnings(third) == []
-    assert "moved" not in second + third
+    assert inventory_warnings(first) == inventory_warnings(second) == []
     assert not (project.root / "inventory" / "fleet" / "ledger").exists()
     lines = read_lines(ledger / "ledger.jsonl")
-    assert [line.get("release") for line in lines] == ["sub168", None, None, None]
-    assert [line["host"] for line in lines] == ["h1"] * 4
-    assert (ledger / "LEDGER.md").read_text().count("| h1 |") == 4
+    assert [line["host"] for line in lines] == ["h1"] * 2
+    assert (ledger / "LEDGER.md").read_text().count("| h1 |") == 2
 
 
-def test_with_the_projects_ansible_cfg_not_even_the_first_run_warns(project):
+def test_a_check_mode_run_adds_no_line(project):
     elsewhere = project.root / "ledgers" / "fleet"
-    # A check-mode run moves the ledger too (no host changes) and adds no line to it.
-    first = project("--check", config=REPO / "ansible.cfg", BIV100_LEDGER_DIR=str(elsewhere))
-    second = project(config=REPO / "ansible.cfg", BIV100_LEDGER_DIR=str(elsewhere))
-
-    assert inventory_warnings(first) == inventory_warnings(second) == []
-    assert f"The deployment ledger moved from {project.root / 'inventory' / 'fleet' / 'ledger'} to {elsewhere}" in first
-    assert [line.get("release") for line in read_lines(elsewhere / "ledger.jsonl")] == ["sub168", None]
+    project("--check", config=REPO / "ansible.cfg", BIV100_LEDGER_DIR=str(elsewhere))
+    assert not (elsewhere / "ledger.jsonl").exists()
+    project(config=REPO / "ansible.cfg", BIV100_LEDGER_DIR=str(elsewhere))
+    assert len(read_lines(elsewhere / "ledger.jsonl")) == 1
 
 
 def test_serving_ledger_dir_names_the_folder_over_the_environment_and_an_extra_var_over_the_inventory(project):
@@ -503,8 +367,7 @@ def test_serving_ledger_dir_names_the_folder_over_the_environment_and_an_extra_v
     project("-e", "serving_ledger_dir=from-extra-vars")
 
     assert not (project.root / "from-env").exists() and not (project.root / "ledger").exists()
-    # The first run found the old ledger and moved it where the variable pointed.
-    assert len(read_lines(project.root / "from-inventory" / "ledger.jsonl")) == 2
+    assert len(read_lines(project.root / "from-inventory" / "ledger.jsonl")) == 1
     assert len(read_lines(project.root / "from-extra-vars" / "ledger.jsonl")) == 1
 
 
