@@ -295,7 +295,7 @@ PER_INSTANCE = ("engine_process", "engine_probe", "engine_bench", "engine_qualit
 
 def per_instance_lines(host: str, entry: dict) -> dict[str, dict]:
     """{name: entry} of a host's ledger lines: one, named after the host, for a host that ran one
-    engine (as it always was); one per instance, named <host>/<instance>, each with the host's
+    engine; one per instance, named <host>/<instance>, each with the host's
     release and state, for a host that ran several."""
     entry = dict(entry)
     entry.pop("_focus", None)

@@ -67,7 +67,7 @@ def test_the_eight_gpu_host_runs_two_instances_on_their_own_gpus_ports_and_files
         assert option_values(argv)["--port"] == port and environ["CUDA_VISIBLE_DEVICES"] == gpus, name
         assert eight.path(f"/etc/biv100-serving/{name}.env").is_file()
         assert healthy(eight, int(port))
-    # The 4-GPU host runs its one engine exactly as a host that never heard of instances.
+    # The 4-GPU host runs its one engine under the role's own name, port, files and GPUs.
     argv, environ = engine_process(lab.hosts[0])
     assert option_values(argv)["--port"] == "8000" and environ["CUDA_VISIBLE_DEVICES"] == "0,1,2,3"
     assert lab.hosts[0].path("/etc/biv100-serving/engine.env").is_file()

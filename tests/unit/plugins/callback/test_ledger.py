@@ -385,7 +385,7 @@ def test_each_instance_of_a_host_gets_its_line_named_host_slash_instance(ledger,
         ledger.v2_runner_on_ok(task_result("h5", "Bench", "biv100.serving.engine_bench", {**BENCH_RESULT}))
     ledger.v2_runner_on_ok(task_result("h5", "Mark good", "biv100.serving.serving_release",
                                        {"release": "sub511", "status": "good"}))
-    # A host of one engine keeps its one line, named after the host, as it always had.
+    # A host of one engine has one line, named after the host.
     ledger.v2_runner_on_ok(task_result("h1", "Run the engine", "biv100.serving.engine_process", {
         "name": "vllm", "command": ["/usr/bin/python3", "-m", "vllm.entrypoints.openai.api_server"]}))
     ledger.v2_runner_on_ok(task_result("h1", "Probe", "biv100.serving.engine_probe",
