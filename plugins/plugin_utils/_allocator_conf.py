@@ -151,4 +151,3 @@ def _entry_problems(entry: str, torch_version: str | None) -> list[str]:
         return [f"PYTORCH_CUDA_ALLOC_CONF: {key} has no value: the form is {key}:<value>"]
     problem = option.problem(value)
     return [f"PYTORCH_CUDA_ALLOC_CONF: {key} is {value}: {problem}"] if problem else []
-

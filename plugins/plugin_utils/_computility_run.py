@@ -77,4 +77,3 @@ def _env_text(name: str, value) -> str:
             f"env.{name} is {value!r}: an environment value must be a string or a number"
         )
     return str(value)
-

@@ -277,4 +277,3 @@ def _max_num_seqs_problems(args: dict) -> list[str]:
     if seqs is None or seqs >= 1:
         return []
     return [f"engine_args.max_num_seqs is {seqs}: it must be at least 1"]
-
