@@ -225,8 +225,6 @@ def test_export_fails_naming_a_file_missing_from_the_release(release, store):
     assert failed["failed"] and SERVING_CHAT in failed["msg"] and "missing from the release" in failed["msg"]
 
 
-
-
 # --- each state takes its own options ---------------------------------------------------------
 
 
@@ -279,7 +277,8 @@ def test_query_is_the_default_and_reads_only(release, store):
 
     assert default == query
     assert (query["changed"], query["release"], query["status"]) == (False, "sub510", "pending")
-    assert "previous_status" not in query and "removed" not in query and "diff" not in release(_ansible_diff=True).result
+    assert "previous_status" not in query and "removed" not in query
+    assert "diff" not in release(_ansible_diff=True).result
     assert store["record"].read_bytes() == before
 
 
