@@ -9,69 +9,93 @@ from __future__ import annotations
 DOCUMENTATION = r"""
 ---
 module: serving_release
-short_description: Read a release of the on-host store, check its files, and record its verdict
+short_description: Read a release of the on-host store, record its verdict, or export it
 version_added: 0.1.0
 description:
-  - Reads a release record of the store M(biv100.serving.serving_overlay) writes (by default
-    the one C(current) points at) and compares every file the release installed with what is
-    installed now, by sha256. A file the release removed must be absent.
-  - With O(status), records the release's verdict - V(good) once its probes passed, V(failed)
-    with O(reason) - in its record, with the time and reason appended to its history, and
-    O(engine), the engine settings the verdict was reached with, which a rollback to the
-    release brings back, and O(gates), the figures the gates measured. The record is rewritten
-    atomically; recording what it already holds changes nothing.
-  - Reports what the gates compare a release with - the last good release before it, with its
-    figures, and the quality baseline - so that one read-only call before the gates gives
-    them both.
-  - The first release marked V(good) with a quality score, when O(quality_baseline=first_good)
-    and the store has no quality baseline yet, becomes it (C(baseline/quality.json) in the
-    store), so that the baseline stays when old releases are pruned.
+  - Works on the release records M(biv100.serving.serving_overlay) writes, one job per O(state) -
+    read a release (V(query)), record its verdict (V(good), V(failed)), or hand over what the
+    submission bundle is built from (V(exported)). Each state takes only its own options; an
+    option of another state is an error naming it.
+  - A release's files are compared with what is installed now, by sha256; a file the release
+    removed must be absent, and a file reached through a link is never the release's.
+  - A verdict is appended to the record's history with the time and O(reason); the record is
+    rewritten atomically, and recording what it already holds changes nothing.
+  - Removing old releases without recording a verdict is M(biv100.serving.serving_retention)'s
+    job; V(good) does the same with O(keep_good), once the release it marks is proven.
 author:
   - biv100.serving maintainers (!UNKNOWN)
 options:
+  state:
+    description: What to do with the release.
+    type: str
+    choices:
+      query:
+        - Read the release and change nothing - its status and the gates' figures its record holds,
+          the drift of the installed files from it, the last good release before it with the
+          figures it was proven with, and the quality baseline (see O(quality_baseline)) - so
+          that one call gives the gates what they compare with, and an audit the drift.
+      good:
+        - Record that the release passed every gate, with O(reason), O(engine) (which a rollback
+          to it brings back) and O(gates).
+        - The first release marked V(good) with a quality score in O(gates) becomes the quality
+          baseline (C(baseline/quality.json) in the store) when O(quality_baseline=first_good)
+          and the store has none yet, so that the baseline stays when old releases are pruned.
+        - Then, with O(keep_good), old releases are removed as M(biv100.serving.serving_retention)
+          removes them.
+      failed:
+        - Record that the release failed, with O(reason), and O(engine) and O(gates) as far as
+          the run got, for the post-mortem. The release is kept.
+      exported:
+        - Read what a submission bundle is built from (M(biv100.serving.serving_submission)) - the
+          named O(release)'s whole record, the bytes of every file it installed, and the vendor's
+          sha256 of every serving-layer file - and change nothing. For a release this host lacks,
+          RV(status) and RV(record) are null instead of a failure.
+    default: query
   release:
-    description: The release; C(current) when not given.
+    description:
+      - The release; with O(state=query), O(state=good) and O(state=failed) the one C(current)
+        points at when not given.
+      - Required with O(state=exported) - a bundle is of one named release on every host.
     type: str
-  status:
-    description: The verdict to record; nothing is recorded when not given.
-    type: str
-    choices: [good, failed]
   reason:
-    description: Why, recorded with the status (the failed probe, say).
+    description:
+      - Why, recorded with the verdict in the release's history (the gates' summary, say, or the
+        failed step).
+      - Only with O(state=good) (an empty reason when not given) and O(state=failed), where it is
+        required.
     type: str
-    default: ""
   engine:
-    description: The engine settings to record with O(status) (arguments, allocator, variables).
+    description:
+      - The engine settings the verdict was reached with (arguments, allocator, variables), which
+        a rollback to the release brings back.
+      - Only with O(state=good) and O(state=failed); the record's are kept when not given.
     type: dict
   gates:
     description:
-      - The gates' figures to record with O(status) - C(bench) (the throughput figures of
+      - The gates' figures to record with the verdict - C(bench) (the throughput figures of
         M(biv100.serving.engine_bench)) and C(quality) (the score of
         M(biv100.serving.engine_quality)) and the verdicts.
+      - Only with O(state=good) and O(state=failed); the record's are kept when not given.
     type: dict
   quality_baseline:
     description:
       - The release whose quality score the gate holds others to - V(first_good), the first
         release marked good with a quality score, or a release id, whose record must hold one.
+        V(first_good) when not given.
+      - Only with O(state=query), which reports it, and O(state=good), which reports it and sets
+        the store's baseline only when it is V(first_good).
     type: str
-    default: first_good
   keep_good:
     description:
-      - With O(status=good), then remove old releases as M(biv100.serving.serving_retention)
-        does, keeping this many proven ones; nothing is removed when not given.
+      - Only with O(state=good) - after marking, remove old releases as
+        M(biv100.serving.serving_retention) does, keeping this many proven ones (at least 1);
+        nothing is removed when not given.
     type: int
   keep_failed_days:
-    description: With O(keep_good), failed releases younger than this many days are kept.
-    type: int
-    default: 14
-  export:
     description:
-      - Also return what a submission bundle is built from (M(biv100.serving.serving_submission))
-        - the release's whole record, the bytes of every file it installed, and the vendor's
-        sha256 of every serving-layer file - and, for a release this host lacks, a null
-        RV(status) instead of failing. Reads only; O(status) cannot be given with it.
-    type: bool
-    default: false
+      - Only with O(state=good) and O(keep_good) - failed releases younger than this many days
+        are kept. V(14) when not given.
+    type: int
 extends_documentation_fragment:
   - biv100.serving.posix_host
   - ansible.builtin.action_common_attributes
@@ -81,33 +105,55 @@ attributes:
   check_mode:
     support: full
     details:
-      - Reports the status it would record.
+      - With O(state=good) or O(state=failed), reports the status it would record and the
+        releases it would remove; a release that is not staged yet (a check run of a deploy) is
+        reported as it would be marked. The other states only read.
   diff_mode:
     support: full
     details:
-      - The release's status before and after.
+      - With O(state=good) or O(state=failed), the release's status before and after.
 seealso:
   - module: biv100.serving.serving_overlay
+  - module: biv100.serving.serving_retention
+  - module: biv100.serving.serving_submission
 """
 
 EXAMPLES = r"""
-- name: Mark the current release good
-  biv100.serving.serving_release:
-    package_root: "{{ ansible_facts.vllm_facts.package_root }}"
-    status: good
-
-- name: Read what a submission bundle is built from
-  biv100.serving.serving_release:
-    package_root: "{{ ansible_facts.vllm_facts.package_root }}"
-    release: sub510
-    export: true
-  register: exported
-
 - name: Check that the installed serving files are the current release's
   biv100.serving.serving_release:
     package_root: "{{ ansible_facts.vllm_facts.package_root }}"
   register: release
   failed_when: release.drift | length > 0
+
+- name: Read what the gates compare with, holding the quality gate to sub168's score
+  biv100.serving.serving_release:
+    package_root: "{{ ansible_facts.vllm_facts.package_root }}"
+    state: query
+    quality_baseline: sub168
+  register: history
+
+- name: Mark the release good and keep the five newest proven ones
+  biv100.serving.serving_release:
+    package_root: "{{ ansible_facts.vllm_facts.package_root }}"
+    release: sub510
+    state: good
+    reason: 75/75 probes passed; quality 0.969; score 8437
+    gates: "{{ gates_record }}"
+    keep_good: 5
+
+- name: Keep the release for post-mortem, marked failed
+  biv100.serving.serving_release:
+    package_root: "{{ ansible_facts.vllm_facts.package_root }}"
+    release: sub511
+    state: failed
+    reason: "functional gate: 2 of 75 probes failed, first n-two"
+
+- name: Read what a submission bundle is built from
+  biv100.serving.serving_release:
+    package_root: "{{ ansible_facts.vllm_facts.package_root }}"
+    release: sub510
+    state: exported
+  register: exported
 """
 
 RETURN = r"""
@@ -117,56 +163,60 @@ release:
   type: str
   sample: sub510
 status:
-  description: Its status after the task (pending, good, failed or rolled_back).
+  description:
+    - Its status after the task (pending, good, failed or rolled_back).
+    - With O(state=exported), null for a release this host lacks.
   returned: always
   type: str
   sample: good
 previous_status:
   description: Its status before the task.
-  returned: always
+  returned: with O(state=good) or O(state=failed)
   type: str
   sample: pending
 drift:
   description: One sentence per installed file that is not the release's.
-  returned: always
+  returned: with O(state=query), O(state=good) or O(state=failed)
   type: list
   elements: str
   sample: ["entrypoints/openai/serving_chat.py: installed 3f2a..., release 9b1c..."]
 removed:
-  description: The old releases removed (with O(keep_good)).
-  returned: always
+  description: The old releases removed (with O(keep_good)), or that would be in check mode.
+  returned: with O(state=good)
   type: list
   elements: str
   sample: [sub101]
 files:
   description: The number of files the release installed or removed.
-  returned: always
+  returned: with O(state=query), O(state=good) or O(state=failed)
   type: int
   sample: 3
 gates:
   description: The gates' figures the release's record holds after the task, or null.
-  returned: always
+  returned: with O(state=query), O(state=good) or O(state=failed)
   type: dict
 last_good:
   description:
     - The last good release before this one (along the records' predecessors) and the gates'
       figures it was proven with, or null.
-  returned: always
+  returned: with O(state=query), O(state=good) or O(state=failed)
   type: dict
   sample: {release: sub509, gates: {bench: {score: 8437.1}, quality: {score: 0.969}}}
 quality_baseline:
-  description: The release and score the quality gate compares with, or null before there is one.
-  returned: always
+  description:
+    - The release and score the quality gate compares with (as O(quality_baseline) names it;
+      with O(state=failed), the store's), or null before there is one.
+  returned: with O(state=query), O(state=good) or O(state=failed)
   type: dict
   sample: {release: sub168, score: 0.969}
 record:
   description: The release's record as the store holds it; null when the host lacks the release.
-  returned: with O(export)
+  returned: with O(state=exported)
   type: dict
   sample: {id: sub510, status: good, digests: {entrypoints/openai/serving_chat.py: 9b1c...}}
 contents:
   description: The base64 bytes of every file the release installed, by package path.
-  returned: with O(export)
+  returned: with O(state=exported)
   type: dict
   sample: {entrypoints/openai/serving_chat.py: "IyBTUERYLUxpY2Vuc2UtSWRlbnRpZmllcjog..."}
 vendor:
@@ -174,12 +224,12 @@ vendor:
     - The sha256 of the vendor's own file (its kept pristine copy where the collection overlaid
       it) at every path of the serving layer and of the release, null where the vendor has none.
     - A path that leads through a link or is not a regular file is left out and named in RV(unsafe).
-  returned: with O(export)
+  returned: with O(state=exported)
   type: dict
   sample: {model_executor/models/registry.py: 4e07..., entrypoints/openai/protocol.py: 77d1...}
 unsafe:
   description: Why each serving-layer path left out of RV(vendor) was.
-  returned: with O(export)
+  returned: with O(state=exported)
   type: dict
   sample: {entrypoints/openai/extra.py: "entrypoints/openai/extra.py is a symlink"}
 """
@@ -199,6 +249,29 @@ from ansible_collections.biv100.serving.plugins.module_utils._state_store import
     read_json,
     write_json,
 )
+
+# The options each state takes besides package_root, state_dir and release. They have no default
+# in the argument spec, so that an option given to a state it does not belong to can be told
+# from one left out; their defaults are applied where they are used.
+STATE_OPTIONS = {
+    "query": ("quality_baseline",),
+    "good": ("reason", "engine", "gates", "quality_baseline", "keep_good", "keep_failed_days"),
+    "failed": ("reason", "engine", "gates"),
+    "exported": (),
+}
+DEFAULT_KEEP_FAILED_DAYS = 14
+
+
+def foreign_options(params):
+    """One sentence for each option given that the chosen state does not take, naming the states
+    it belongs to."""
+    state = params["state"]
+    sentences = []
+    for option in sorted(set(name for names in STATE_OPTIONS.values() for name in names)):
+        if params[option] is not None and option not in STATE_OPTIONS[state]:
+            owners = [name for name in STATE_OPTIONS if option in STATE_OPTIONS[name]]
+            sentences.append("%s belongs to state=%s, not state=%s" % (option, " or ".join(owners), state))
+    return sentences
 
 
 def short(digest):
@@ -289,100 +362,151 @@ def export(store, package_root, release, record):
     return dict(record=record, contents=contents, vendor=vendor, unsafe=unsafe)
 
 
-def main():
-    module = AnsibleModule(
-        argument_spec=dict(
-            state_dir=dict(type="path", default=DEFAULT_STATE_DIR),
-            package_root=dict(type="path", required=True),
-            release=dict(type="str"),
-            status=dict(type="str", choices=["good", "failed"]),
-            reason=dict(type="str", default=""),
-            engine=dict(type="dict"),
-            gates=dict(type="dict"),
-            quality_baseline=dict(type="str", default="first_good"),
-            keep_good=dict(type="int"),
-            keep_failed_days=dict(type="int", default=14),
-            export=dict(type="bool", default=False),
-        ),
-        mutually_exclusive=[("export", "status")],
-        supports_check_mode=True,
+def release_read(module, store, release, record, baseline):
+    """What state=query reports of a release, and the marking states after their write."""
+    digests = record.get("digests") or {}
+    return dict(
+        release=release,
+        status=record.get("status"),
+        drift=file_drift(module.params["package_root"], digests),
+        files=len(digests),
+        gates=record.get("gates"),
+        last_good=last_good(store, record),
+        quality_baseline=baseline,
     )
+
+
+def query(module, store):
     params = module.params
-    store = StateDir(params["state_dir"])
+    baseline = quality_baseline(module, store, params["quality_baseline"] or "first_good")
     release = params["release"] or store.current_release()
     if release is None:
-        if params["status"]:
-            module.fail_json(msg="no release in %s to mark %s" % (store.root, params["status"]))
-        module.exit_json(changed=False, release=None, status=None, previous_status=None, drift=[],
-                         files=0, removed=[], gates=None, last_good=None,
-                         quality_baseline=quality_baseline(module, store, params["quality_baseline"]))
-    record_path = store.release_record(release)
-    record = read_json(record_path)
-    if record is None and module.check_mode and params["status"]:
-        # A check run of a deploy: the staging that would write the record did not.
-        module.exit_json(changed=True, release=release, status=params["status"], previous_status=None,
-                         drift=[], files=0, removed=[], gates=params["gates"], last_good=None,
-                         quality_baseline=quality_baseline(module, store, params["quality_baseline"]),
-                         msg="release %s would be staged and marked %s" % (release, params["status"]))
-    if params["export"]:
-        if record is None:
-            module.exit_json(changed=False, release=release, status=None, record=None, contents={},
-                             vendor={}, unsafe={}, msg="release %s has no record in %s" % (release, store.root))
-        try:
-            exported = export(store, params["package_root"], release, record)
-        except UnsafePath as error:
-            module.fail_json(msg="release %s cannot be exported: %s" % (release, error))
-        module.exit_json(changed=False, release=release, status=record.get("status"),
-                         msg="release %s: %s" % (release, record.get("status")), **exported)
+        module.exit_json(changed=False, release=None, status=None, drift=[], files=0, gates=None,
+                         last_good=None, quality_baseline=baseline, msg="no release in %s" % store.root)
+    record = read_json(store.release_record(release))
     if record is None:
         module.fail_json(msg="release %s has no record in %s" % (release, store.root))
+    module.exit_json(changed=False, msg="release %s: %s" % (release, record.get("status")),
+                     **release_read(module, store, release, record, baseline))
 
-    digests = record.get("digests") or {}
+
+def mark(module, store):
+    """state=good or state=failed: the verdict, the engine and the gates' figures into the record;
+    for good, the first quality baseline and the pruning of old releases."""
+    params = module.params
+    status = params["state"]
+    release = params["release"] or store.current_release()
+    if release is None:
+        module.fail_json(msg="no release in %s to mark %s" % (store.root, status))
+    wanted_baseline = params["quality_baseline"] or "first_good"
+    # A named baseline that does not exist fails before the record is touched.
+    baseline = quality_baseline(module, store, wanted_baseline)
+    pruning = status == "good" and params["keep_good"] is not None
+    if pruning and params["keep_good"] < 1:
+        module.fail_json(msg="keep_good must be at least 1, got %d" % params["keep_good"])
+    record_path = store.release_record(release)
+    record = read_json(record_path)
+    if record is None:
+        if not module.check_mode:
+            module.fail_json(msg="release %s has no record in %s" % (release, store.root))
+        # A check run of a deploy: the staging that would write the record did not.
+        result = dict(changed=True, release=release, status=status, previous_status=None, drift=[],
+                      files=0, gates=params["gates"], last_good=None, quality_baseline=baseline,
+                      msg="release %s would be staged and marked %s" % (release, status))
+        if status == "good":
+            result["removed"] = []
+        module.exit_json(**result)
+
     previous = record.get("status")
-    status = params["status"] or previous
     changed = status != previous
-    engine_changed = bool(params["status"]) and params["engine"] is not None and (
-        record.get("engine") != params["engine"])
-    gates_changed = bool(params["status"]) and params["gates"] is not None and (
-        record.get("gates") != params["gates"])
+    engine_changed = params["engine"] is not None and record.get("engine") != params["engine"]
+    gates_changed = params["gates"] is not None and record.get("gates") != params["gates"]
     if (changed or engine_changed or gates_changed) and not module.check_mode:
         if changed:
-            mark_status(record, status, params["reason"])
+            mark_status(record, status, params["reason"] or "")
         if engine_changed:
             record["engine"] = params["engine"]
         if gates_changed:
             record["gates"] = params["gates"]
         write_json(record_path, record)
-    baseline = quality_baseline(module, store, params["quality_baseline"])
     baseline_changed = False
-    if (status == "good" and baseline is None and params["quality_baseline"] == "first_good"
-            and quality_score({"gates": params["gates"]}) is not None):
-        baseline = {"release": release, "score": quality_score({"gates": params["gates"]})}
+    first_score = quality_score({"gates": params["gates"]})
+    if status == "good" and baseline is None and wanted_baseline == "first_good" and first_score is not None:
+        baseline = {"release": release, "score": first_score}
         baseline_changed = True
         if not module.check_mode:
             write_json(store.quality_baseline, baseline)
-    removed, pruned = [], False
-    if params["keep_good"] is not None and status == "good":
-        if params["keep_good"] < 1:
-            module.fail_json(msg="keep_good must be at least 1, got %d" % params["keep_good"])
-        _kept, removed, pruned = prune(store, params["keep_good"], params["keep_failed_days"],
-                                       module.check_mode)
-    result = dict(
-        changed=changed or engine_changed or gates_changed or baseline_changed or pruned,
-        removed=removed,
-        release=release,
+    result = release_read(module, store, release, record, baseline)
+    result.update(
         status=status,
         previous_status=previous,
-        drift=file_drift(params["package_root"], digests),
-        files=len(digests),
         gates=params["gates"] if gates_changed else record.get("gates"),
-        last_good=last_good(store, record),
-        quality_baseline=baseline,
         msg="release %s: %s%s" % (release, status, " (was %s)" % previous if changed else ""),
     )
+    pruned = False
+    if status == "good":
+        result["removed"] = []
+        if pruning:
+            keep_failed_days = params["keep_failed_days"]
+            if keep_failed_days is None:
+                keep_failed_days = DEFAULT_KEEP_FAILED_DAYS
+            _kept, result["removed"], pruned = prune(store, params["keep_good"], keep_failed_days,
+                                                     module.check_mode)
+    result["changed"] = changed or engine_changed or gates_changed or baseline_changed or pruned
     if module._diff:
         result["diff"] = {"before": {"status": previous}, "after": {"status": status}}
     module.exit_json(**result)
+
+
+def exported(module, store):
+    release = module.params["release"]
+    record = read_json(store.release_record(release))
+    if record is None:
+        module.exit_json(changed=False, release=release, status=None, record=None, contents={},
+                         vendor={}, unsafe={}, msg="release %s has no record in %s" % (release, store.root))
+    try:
+        found = export(store, module.params["package_root"], release, record)
+    except UnsafePath as error:
+        module.fail_json(msg="release %s cannot be exported: %s" % (release, error))
+    module.exit_json(changed=False, release=release, status=record.get("status"),
+                     msg="release %s: %s" % (release, record.get("status")), **found)
+
+
+def main():
+    module = AnsibleModule(
+        argument_spec=dict(
+            state_dir=dict(type="path", default=DEFAULT_STATE_DIR),
+            package_root=dict(type="path", required=True),
+            state=dict(type="str", default="query", choices=list(STATE_OPTIONS)),
+            release=dict(type="str"),
+            reason=dict(type="str"),
+            engine=dict(type="dict"),
+            gates=dict(type="dict"),
+            quality_baseline=dict(type="str"),
+            keep_good=dict(type="int"),
+            keep_failed_days=dict(type="int"),
+        ),
+        required_if=[
+            ("state", "failed", ("reason",)),
+            ("state", "exported", ("release",)),
+        ],
+        supports_check_mode=True,
+    )
+    # Which state an option belongs to is told first: an option of another state is the mistake
+    # to name, not what that option would need.
+    foreign = foreign_options(module.params)
+    if foreign:
+        module.fail_json(msg="; ".join(foreign))
+    if module.params["keep_failed_days"] is not None and module.params["keep_good"] is None:
+        module.fail_json(msg="keep_failed_days is given without keep_good: nothing is pruned without it")
+    store = StateDir(module.params["state_dir"])
+    state = module.params["state"]
+    if state == "query":
+        query(module, store)
+    elif state == "exported":
+        exported(module, store)
+    else:
+        mark(module, store)
 
 
 if __name__ == "__main__":

@@ -19,8 +19,8 @@ description:
     Ansible - from a release as the named hosts kept it, and writes it to C(<dest>/<release>/)
     with its archive C(<dest>/<release>.tar.gz).
   - The input is each host's export of the release, as M(biv100.serving.serving_release) returns
-    it with C(export) - its status, its record, the bytes the release installed and the vendor's
-    digest of every file involved. Nothing runs on a host and no connection is opened.
+    it with C(state=exported) - its status, its record, the bytes the release installed and the
+    vendor's digest of every file involved. Nothing runs on a host and no connection is opened.
   - C(computility-run.yaml) - the run document the deploy recorded with the release on the
     reference host (its C(engine.platform_run)), byte for byte, not the inventory's current
     settings.
@@ -53,7 +53,7 @@ options:
   hosts:
     description:
       - The hosts whose release the bundle is built from, each as M(biv100.serving.serving_release)
-        reported it with C(export).
+        reported it with C(state=exported).
       - Every named host must hold the release.
     type: list
     elements: dict
@@ -136,7 +136,7 @@ EXAMPLES = r"""
   biv100.serving.serving_release:
     package_root: "{{ ansible_facts.vllm_facts.package_root }}"
     release: sub510
-    export: true
+    state: exported
   register: submission_export
 
 - name: Note what the bundle needs of each host
@@ -144,7 +144,7 @@ EXAMPLES = r"""
     submission_host:
       name: "{{ inventory_hostname }}"
       interpreter: "{{ ansible_facts.vllm_facts.interpreter }}"
-      export: "{{ submission_export.export }}"
+      export: "{{ submission_export }}"
 
 - name: Build build/submissions/sub510/ and sub510.tar.gz from what the hosts kept
   biv100.serving.serving_submission:

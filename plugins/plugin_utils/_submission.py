@@ -4,8 +4,8 @@
 """The platform submission bundle of a release, built from what the fleet's hosts kept of it.
 
 Controller side (Python 3.11, standard library, Jinja2 and the collection's own code). The input
-is one export per named host, as biv100.serving.serving_release returns it with `export: true`:
-the release's status and record on that host, the bytes the release installed there
+is one export per named host, as biv100.serving.serving_release returns it with `state:
+exported`: the release's status and record on that host, the bytes the release installed there
 (`contents`, base64) and the vendor's digest of every file involved (`vendor`). From them:
 
 - build(release, hosts, reference=, force=): decides what the bundle holds and refuses what it

@@ -44,8 +44,8 @@ def release(run_module, store):
 
 
 def test_marking_the_current_release_good_records_it_once(release, store):
-    marked = release(status="good", reason="49/49 probes passed").result
-    again = release(status="good").result
+    marked = release(state="good", reason="49/49 probes passed").result
+    again = release(state="good").result
 
     assert (marked["changed"], marked["release"], marked["previous_status"], marked["status"]) == (
         True, "sub510", "pending", "good")
@@ -56,7 +56,7 @@ def test_marking_the_current_release_good_records_it_once(release, store):
 
 
 def test_check_mode_reports_and_records_nothing(release, store):
-    checked = release(status="failed", _ansible_check_mode=True).result
+    checked = release(state="failed", reason="probe n-two failed", _ansible_check_mode=True).result
     assert checked["changed"] and checked["status"] == "failed"
     assert json.loads(store["record"].read_text())["status"] == "pending"
 
@@ -78,14 +78,14 @@ def test_installed_files_are_checked_against_the_release(release, store):
 def test_a_host_without_releases_has_nothing_to_mark(run_module, tmp_path):
     args = dict(package_root=str(tmp_path), state_dir=str(tmp_path / "state"))
     assert run_module(serving_release, args).result["release"] is None
-    failed, result = run_module(serving_release, dict(args, status="good"))
+    failed, result = run_module(serving_release, dict(args, state="good"))
     assert failed and "no release" in result["msg"]
 
 
 def test_a_check_run_may_mark_the_release_it_would_stage(release, store):
-    checked = release(release="sub511", status="good", _ansible_check_mode=True).result
+    checked = release(release="sub511", state="good", _ansible_check_mode=True).result
     assert (checked["changed"], checked["release"], checked["status"]) == (True, "sub511", "good")
-    failed, result = release(release="sub511", status="good")
+    failed, result = release(release="sub511", state="good")
     assert failed and "release sub511 has no record" in result["msg"]
 
 
@@ -94,7 +94,7 @@ def test_marking_good_with_keep_good_prunes_what_is_not_needed(release, store):
     old.mkdir()
     (old / "release.json").write_text(json.dumps({"id": "sub100", "status": "good",
                                                   "created_at": "2026-01-01T00:00:00Z"}))
-    marked = release(status="good", keep_good=1).result
+    marked = release(state="good", keep_good=1).result
     assert marked["removed"] == ["sub100"] and not old.exists()
     assert (store["state"] / "releases" / "sub510").is_dir()
 
@@ -129,8 +129,8 @@ def test_the_gates_figures_are_recorded_with_the_verdict_and_the_first_quality_s
     before = release().result
     assert (before["gates"], before["last_good"], before["quality_baseline"]) == (None, None, None)
 
-    marked = release(status="good", gates=GATES).result
-    again = release(status="good", gates=GATES).result
+    marked = release(state="good", gates=GATES).result
+    again = release(state="good", gates=GATES).result
 
     assert marked["changed"] and not again["changed"]
     assert json.loads(store["record"].read_text())["gates"] == GATES
@@ -144,7 +144,7 @@ def test_a_later_good_release_does_not_move_the_baseline(release, store):
     baseline.parent.mkdir()
     baseline.write_text(json.dumps({"release": "sub168", "score": 0.9}))
 
-    marked = release(status="good", gates=GATES).result
+    marked = release(state="good", gates=GATES).result
 
     assert marked["quality_baseline"] == {"release": "sub168", "score": 0.9}
     assert json.loads(baseline.read_text()) == {"release": "sub168", "score": 0.9}
@@ -186,7 +186,7 @@ def test_export_returns_the_record_the_installed_bytes_and_the_vendors_digests(r
     (store["package"] / "entrypoints" / "openai" / "__pycache__").mkdir()
     (store["package"] / "entrypoints" / "openai" / "__pycache__" / "protocol.cpython-311.pyc").write_bytes(b"x")
 
-    exported = release(release="sub510", export=True).result
+    exported = release(release="sub510", state="exported").result
 
     assert (exported["changed"], exported["status"]) == (False, "pending")
     assert exported["record"]["digests"] == {SERVING_CHAT: sha256(b"release content\n"), DROPPED: None}
@@ -203,7 +203,7 @@ def test_export_returns_the_record_the_installed_bytes_and_the_vendors_digests(r
 
 
 def test_export_of_a_release_the_host_lacks_says_so_without_failing(release, store):
-    exported = release(release="sub999", export=True).result
+    exported = release(release="sub999", state="exported").result
     assert (exported.get("failed"), exported["status"], exported["record"]) == (None, None, None)
 
 
@@ -212,7 +212,7 @@ def test_export_names_a_serving_file_reached_through_a_link_and_leaves_it_out(re
     (tmp_path / "elsewhere.py").write_bytes(b"not the vendor's\n")
     os.symlink(tmp_path / "elsewhere.py", store["package"] / "entrypoints" / "openai" / "linked.py")
 
-    exported = release(release="sub510", export=True).result
+    exported = release(release="sub510", state="exported").result
 
     assert "entrypoints/openai/linked.py" not in exported["vendor"]
     assert "symlink" in exported["unsafe"]["entrypoints/openai/linked.py"]
@@ -221,13 +221,92 @@ def test_export_names_a_serving_file_reached_through_a_link_and_leaves_it_out(re
 def test_export_fails_naming_a_file_missing_from_the_release(release, store):
     with_release_files(store)
     (store["state"] / "releases" / "sub510" / "files" / SERVING_CHAT).unlink()
-    failed = release(release="sub510", export=True).result
+    failed = release(release="sub510", state="exported").result
     assert failed["failed"] and SERVING_CHAT in failed["msg"] and "missing from the release" in failed["msg"]
 
 
-def test_export_and_status_cannot_be_asked_together(release, store):
-    failed = release(release="sub510", export=True, status="good").result
-    assert failed["failed"] and "mutually exclusive" in failed["msg"]
+# --- each state takes its own options ---------------------------------------------------------
+
+
+@pytest.mark.parametrize("state, options, message", [
+    ("query", {"reason": "probes passed"}, "reason belongs to state=good or failed, not state=query"),
+    ("query", {"gates": GATES}, "gates belongs to state=good or failed, not state=query"),
+    ("query", {"keep_good": 5}, "keep_good belongs to state=good, not state=query"),
+    ("failed", {"reason": "probe n-two failed", "quality_baseline": "sub168"},
+     "quality_baseline belongs to state=query or good, not state=failed"),
+    ("failed", {"reason": "probe n-two failed", "keep_good": 5, "keep_failed_days": 7},
+     "keep_failed_days belongs to state=good, not state=failed; keep_good belongs to state=good, not state=failed"),
+    ("exported", {"release": "sub510", "engine": {"args": {}}},
+     "engine belongs to state=good or failed, not state=exported"),
+    ("exported", {"release": "sub510", "quality_baseline": "first_good"},
+     "quality_baseline belongs to state=query or good, not state=exported"),
+])
+def test_an_option_of_another_state_is_refused_naming_it_and_its_states(release, store, state, options, message):
+    before = store["record"].read_bytes()
+
+    failed, result = release(state=state, **options)
+
+    assert failed and result["msg"] == message
+    assert store["record"].read_bytes() == before
+
+
+@pytest.mark.parametrize("state, missing", [("failed", "reason"), ("exported", "release")])
+def test_a_state_refuses_to_run_without_the_option_it_requires(release, store, state, missing):
+    failed, result = release(state=state)
+    # ansible-core's required_if words the message; it names the state and the option.
+    assert failed and f"state is {state}" in result["msg"] and result["msg"].endswith(f": {missing}")
+
+
+@pytest.mark.parametrize("options, message", [
+    ({"keep_failed_days": 7}, "keep_failed_days is given without keep_good"),
+    ({"keep_good": 0}, "keep_good must be at least 1, got 0"),
+    ({"quality_baseline": "sub100", "gates": GATES}, "quality_baseline sub100"),
+])
+def test_a_good_verdict_with_options_it_cannot_honour_is_refused_before_the_record_changes(
+        release, store, options, message):
+    failed, result = release(state="good", **options)
+    assert failed and message in result["msg"]
+    assert json.loads(store["record"].read_text())["status"] == "pending"
+    assert not (store["state"] / "baseline" / "quality.json").exists()
+
+
+def test_query_is_the_default_and_reads_only(release, store):
+    before = store["record"].read_bytes()
+
+    default, query = release().result, release(state="query").result
+
+    assert default == query
+    assert (query["changed"], query["release"], query["status"]) == (False, "sub510", "pending")
+    assert "previous_status" not in query and "removed" not in query
+    assert "diff" not in release(_ansible_diff=True).result
+    assert store["record"].read_bytes() == before
+
+
+def test_every_option_of_the_good_state_is_recorded_or_used(release, store):
+    engine = {"instances": {"vllm": {"args": {"tensor_parallel_size": 4}}}}
+
+    marked = release(state="good", reason="75/75 probes passed", engine=engine, gates=GATES,
+                     quality_baseline="first_good", keep_good=5, keep_failed_days=7, _ansible_diff=True).result
+
+    record = json.loads(store["record"].read_text())
+    assert (record["status"], record["engine"], record["gates"]) == ("good", engine, GATES)
+    assert (marked["changed"], marked["removed"], marked["quality_baseline"]) == (
+        True, [], {"release": "sub510", "score": 0.969})
+    assert marked["diff"] == {"before": {"status": "pending"}, "after": {"status": "good"}}
+
+
+def test_a_failed_release_keeps_its_reason_engine_and_figures_and_never_becomes_the_baseline(release, store):
+    engine = {"instances": {"vllm": {"args": {"tensor_parallel_size": 4}}}}
+
+    failed = release(state="failed", reason="lab-h1: the gates phase failed", engine=engine, gates=GATES).result
+
+    record = json.loads(store["record"].read_text())
+    assert (failed.get("failed"), failed["changed"], failed["previous_status"], failed["status"]) == (
+        None, True, "pending", "failed")
+    assert (record["status"], record["engine"], record["gates"]) == ("failed", engine, GATES)
+    assert record["history"][-1]["reason"] == "lab-h1: the gates phase failed"
+    assert failed["quality_baseline"] is None and "removed" not in failed
+    assert not (store["state"] / "baseline" / "quality.json").exists()
 
 
 def test_the_quality_score_is_read_from_a_record_of_either_shape():

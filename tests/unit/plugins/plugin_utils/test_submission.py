@@ -74,7 +74,7 @@ GATES = {
 
 
 def export(version="0.10.1.1", status="good", run=RUN, **record_fields):
-    """A host's export of sub510, as serving_release returns it with export: true."""
+    """A host's export of sub510, as serving_release returns it with state: exported."""
     paths = [CHAT, PARSER, REGISTRY] if version == "0.10.1.1" else [CHAT, PARSER]
     record = {
         "id": "sub510", "status": status, "created_at": "2026-12-01T10:00:00Z", "previous": "sub509",
