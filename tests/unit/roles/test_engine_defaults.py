@@ -5,6 +5,7 @@ import re
 import subprocess
 from pathlib import Path
 
+import jinja2
 import yaml
 from engine_defaults import DEFAULT_ALLOCATOR_OPTIONS, SUB168
 
@@ -23,7 +24,10 @@ def test_the_production_inventory_takes_sub168_from_the_role_and_preflight_follo
     group_vars = yaml.safe_load((REPO / "inventory" / "biv100" / "group_vars" / "biv100.yml").read_text())
     assert "engine_args" not in group_vars and "preflight_tensor_parallel_size" not in group_vars
     preflight = yaml.safe_load((REPO / "roles" / "preflight" / "defaults" / "main.yml").read_text())
-    assert preflight["preflight_tensor_parallel_size"] == "{{ engine_args.tensor_parallel_size }}"
+    tensor_parallel_size = jinja2.Environment().from_string(preflight["preflight_tensor_parallel_size"])
+    # What the default comes to, rendered with the engine's arguments: Sub168's, or a team's.
+    assert tensor_parallel_size.render(engine_args=SUB168) == "4"
+    assert tensor_parallel_size.render(engine_args={**SUB168, "tensor_parallel_size": 8}) == "8"
 
 
 def settings_text(name: str) -> str:
