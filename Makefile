@@ -95,8 +95,12 @@ lint: setup
 	set -x; PATH="$$found:$$PATH" ANSIBLE_TEST_CONTENT_ROOT=$(CURDIR)/collections/ansible_collections/biv100/serving \
 	  $(BIN)/ansible-test sanity --controller origin:python=$$controller $$targets
 
+## The lab's integration tests, two labs at once: each pytest-xdist worker builds its own labs (its
+## lab ids, tests/integration/lab_guard.py) and is given whole test modules (--dist loadfile), so
+## that a module's lab and the deploys its fixtures make are built once, on one worker.
+INTEGRATION_WORKERS ?= 2
 integration: setup
-	$(BIN)/pytest tests/integration -q
+	$(BIN)/pytest tests/integration -q -n $(INTEGRATION_WORKERS) --dist loadfile
 
 molecule: setup
 	$(BIN)/molecule test --all

@@ -1,5 +1,7 @@
-"""The integration tests' labs: each test module builds its own in pytest's temporary folder
-and takes it down after, so no test depends on (or disturbs) a lab a person left up."""
+"""The integration tests' labs: each test module builds its own in pytest's temporary folder,
+under its pytest process's lab id (lab_guard: one per pytest-xdist worker, never lab 0), with its
+own inventory in the lab dir, and takes it down after; so no test depends on (or disturbs) a lab
+a person left up or another worker's."""
 
 from __future__ import annotations
 

@@ -1,8 +1,8 @@
 """deploy.yml against the lab: the payload lands where it applies, once, and nowhere else.
 
-The module's lab is shared by the tests below in order: the first deploys, the next ones
-build on that state (a second run changes nothing; hostile payloads change nothing; an
-interrupted run converges).
+The module's lab and its first deploy (a module fixture) are shared by the tests below, which
+start from that state (a second run changes nothing; hostile payloads change nothing; an
+interrupted run converges). Each passes on its own too; the last one leaves drift behind.
 """
 
 from __future__ import annotations

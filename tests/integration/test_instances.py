@@ -1,9 +1,11 @@
-"""Several engine instances on one host, on a mixed lab fleet: lab-h1 has 4 GPUs and runs one
-engine as always; lab-h2 has 8 and runs two TP=4 instances, vllm-1 and vllm-2. The fleet
-deploys, verifies, rolls back and deploys again with every instance named; a deploy restarts
-lab-h2's instances one at a time, so that /health, polled every 100 ms, always has one to answer.
+"""Several engine instances on one host, on a mixed lab fleet: the first host has 4 GPUs and
+runs one engine as always; the second has 8 and runs two TP=4 instances, vllm-1 and vllm-2. The
+fleet deploys, verifies, rolls back and deploys again with every instance named; a deploy
+restarts the second host's instances one at a time, so that /health, polled every 100 ms, always
+has one to answer.
 
-The module's tests run in order and build on each other's state.
+The module's fixtures make the state the tests start from: the first deploy, and the rolling
+deploy of a second release that the rollback goes back from.
 """
 
 from __future__ import annotations
@@ -25,11 +27,14 @@ from playbook_runs import ONE_BATCH, run_playbook, start_playbook
 pytestmark = pytest.mark.lab
 
 DEPLOY = "deploy.yml"
-EIGHT = "lab-h2"
 INSTANCES = [{"name": "vllm-1"}, {"name": "vllm-2"}]
-# engine_instances for lab-h2 only, as its host_vars would give them (extra variables are
-# templated per host).
-ON_EIGHT = {"engine_instances": "{{ %s if inventory_hostname == '%s' else [] }}" % (json.dumps(INSTANCES), EIGHT)}
+
+
+def on_eight(lab, instances=INSTANCES) -> dict:
+    """engine_instances for the eight-GPU host only, as its host_vars would give them (extra
+    variables are templated per host)."""
+    return {"engine_instances": "{{ %s if inventory_hostname == '%s' else [] }}" % (
+        json.dumps(instances), lab.hosts[1].name)}
 
 
 @pytest.fixture(scope="module")
@@ -42,7 +47,7 @@ def deployed(lab, tmp_path_factory):
     """The first deploy's run, and the ledger lines it wrote."""
     folder = tmp_path_factory.mktemp("first")
     run = run_playbook(DEPLOY, lab.inventory_path, folder,
-                       extravars={"serving_release": "sub510", **ON_EIGHT, **ONE_BATCH})
+                       extravars={"serving_release": "sub510", **on_eight(lab), **ONE_BATCH})
     assert run.rc == 0, run.stdout()[-3000:]
     ledger = folder / "ledger" / "ledger.jsonl"
     return {"run": run, "ledger": [json.loads(line) for line in ledger.read_text().splitlines()]}
@@ -77,24 +82,29 @@ def test_the_eight_gpu_host_runs_two_instances_on_their_own_gpus_ports_and_files
 
 
 def test_every_instance_is_named_in_the_output_and_the_ledger(lab, deployed):
+    one, eight = lab.hosts[0].name, lab.hosts[1].name
     shown = deployed["run"].stdout().split("RELEASES", 1)[1]
-    for name in ("lab-h1: sub510 good", "lab-h2/vllm-1: sub510 good", "lab-h2/vllm-2: sub510 good"):
+    for name in (f"{one}: sub510 good", f"{eight}/vllm-1: sub510 good", f"{eight}/vllm-2: sub510 good"):
         assert name in shown
     lines = deployed["ledger"]
-    assert sorted(line["host"] for line in lines) == ["lab-h1", "lab-h2/vllm-1", "lab-h2/vllm-2"]
+    assert sorted(line["host"] for line in lines) == [one, f"{eight}/vllm-1", f"{eight}/vllm-2"]
     ports = {line["host"]: option_values(line["engine_args"])["--port"] for line in lines}
-    assert ports == {"lab-h1": "8000", "lab-h2/vllm-1": "8000", "lab-h2/vllm-2": "8001"}
+    assert ports == {one: "8000", f"{eight}/vllm-1": "8000", f"{eight}/vllm-2": "8001"}
 
 
 def test_a_second_run_changes_nothing(lab, deployed, tmp_path):
-    again = run_playbook(DEPLOY, lab.inventory_path, tmp_path, extravars={**ON_EIGHT, **ONE_BATCH})
+    again = run_playbook(DEPLOY, lab.inventory_path, tmp_path, extravars={**on_eight(lab), **ONE_BATCH})
     assert again.rc == 0 and again.hosts_with("changed") == set(), again.stats
 
 
-def test_a_deploy_restarts_the_instances_one_at_a_time_and_one_always_answers(lab, deployed, tmp_path):
+@pytest.fixture(scope="module")
+def rolled(lab, deployed, tmp_path_factory):
+    """A deploy of release sub511 to the eight-GPU host, with /health of both instances polled
+    every 100 ms meanwhile: the run, the polls, and the instances' pids before it."""
     eight = lab.hosts[1]
+    folder = tmp_path_factory.mktemp("rolling")
     pids = {name: instance_pid(eight, name) for name in ("vllm-1", "vllm-2")}
-    payload = copy_payload(tmp_path)
+    payload = copy_payload(folder)
     overlay(payload, "rolling", "reasoning/rolling_parser.py", "PARSER = 'rolling'\n")
     samples: list[tuple[float, bool, bool]] = []
     done = threading.Event()
@@ -107,18 +117,23 @@ def test_a_deploy_restarts_the_instances_one_at_a_time_and_one_always_answers(la
     poller = threading.Thread(target=poll)
     poller.start()
     try:
-        running = start_playbook(DEPLOY, lab.inventory_path, tmp_path, limit=EIGHT, extravars={
-            "serving_release": "sub511", "stage_payload_dir": str(payload), **ON_EIGHT})
+        running = start_playbook(DEPLOY, lab.inventory_path, folder, limit=eight.name, extravars={
+            "serving_release": "sub511", "stage_payload_dir": str(payload), **on_eight(lab)})
         run = running.wait()
     finally:
         done.set()
         poller.join()
-
     assert run.rc == 0, run.stdout()[-3000:]
+    return {"run": run, "samples": samples, "pids_before": pids}
+
+
+def test_a_deploy_restarts_the_instances_one_at_a_time_and_one_always_answers(lab, rolled):
+    eight = lab.hosts[1]
     # Both restarted on the new release (or the test proved nothing)...
-    assert all(instance_pid(eight, name) != pid for name, pid in pids.items())
+    assert all(instance_pid(eight, name) != pid for name, pid in rolled["pids_before"].items())
     assert current_release(eight)["id"] == "sub511"
     # ...and at no moment was neither answering.
+    samples = rolled["samples"]
     down = [at for at, first, second in samples if not (first or second)]
     assert len(samples) > 20 and down == [], f"{len(down)} of {len(samples)} polls found no instance healthy"
     assert any(not first for _at, first, _second in samples) and any(not second for _at, _first, second in samples)
@@ -132,27 +147,28 @@ def test_verify_names_the_instance_that_is_down_and_finds_the_rest_healthy(lab, 
     while healthy(eight, 8001) and time.monotonic() < deadline:
         time.sleep(0.1)
 
-    found = run_playbook("verify.yml", lab.inventory_path, tmp_path, extravars=ON_EIGHT)
+    found = run_playbook("verify.yml", lab.inventory_path, tmp_path, extravars=on_eight(lab))
 
-    assert found.rc != 0 and found.hosts_with("failures") == {EIGHT}
+    assert found.rc != 0 and found.hosts_with("failures") == {eight.name}
     # The findings, as the failed task lists them: the stopped instance's only.
     assert "'vllm-2: engine: not running'" in found.stdout()
     assert "'vllm-1: " not in found.stdout()
 
 
-def test_rollback_restores_every_instance_and_a_deploy_brings_a_release_back(lab, deployed, tmp_path):
+def test_rollback_restores_every_instance_and_a_deploy_brings_a_release_back(lab, rolled, tmp_path):
     eight = lab.hosts[1]
-    back = run_playbook("rollback.yml", lab.inventory_path, tmp_path / "back", limit=EIGHT, extravars=ON_EIGHT)
+    back = run_playbook("rollback.yml", lab.inventory_path, tmp_path / "back", limit=eight.name,
+                        extravars=on_eight(lab))
     assert back.rc == 0, back.stdout()[-3000:]
     assert current_release(eight)["id"] == "sub510"
     assert healthy(eight, 8000) and healthy(eight, 8001)
     shown = back.stdout().split("RELEASES", 1)[1]
-    assert "lab-h2/vllm-1: sub510 rolled back" in shown and "lab-h2/vllm-2: sub510 rolled back" in shown
+    assert f"{eight.name}/vllm-1: sub510 rolled back" in shown and f"{eight.name}/vllm-2: sub510 rolled back" in shown
 
     payload = copy_payload(tmp_path)
     overlay(payload, "again", "reasoning/again_parser.py", "PARSER = 'again'\n")
-    again = run_playbook(DEPLOY, lab.inventory_path, tmp_path / "again", limit=EIGHT, extravars={
-        "serving_release": "sub512", "stage_payload_dir": str(payload), **ON_EIGHT})
+    again = run_playbook(DEPLOY, lab.inventory_path, tmp_path / "again", limit=eight.name, extravars={
+        "serving_release": "sub512", "stage_payload_dir": str(payload), **on_eight(lab)})
     assert again.rc == 0, again.stdout()[-3000:]
     record = current_release(eight)
     assert record["id"] == "sub512" and record["status"] == "good"
@@ -163,12 +179,11 @@ def test_instances_that_cannot_share_the_host_are_refused_naming_them_and_nothin
     eight = lab.hosts[1]
     before = current_release(eight)["id"]
     clash = [{"name": "vllm-1", "gpus": [0, 1, 2, 3]}, {"name": "vllm-2", "gpus": [3, 4, 5, 6], "port": 8000}]
-    run = run_playbook(DEPLOY, lab.inventory_path, tmp_path, limit=EIGHT, extravars={
-        "serving_release": "sub599",
-        "engine_instances": "{{ %s if inventory_hostname == '%s' else [] }}" % (json.dumps(clash), EIGHT)})
+    run = run_playbook(DEPLOY, lab.inventory_path, tmp_path, limit=eight.name, extravars={
+        "serving_release": "sub599", **on_eight(lab, clash)})
     assert run.rc != 0
     output = run.stdout()
-    assert "lab-h2/vllm-2: port 8000 is also lab-h2/vllm-1's" in output
-    assert "lab-h2/vllm-2: GPU 3 also in lab-h2/vllm-1's group" in output
+    assert f"{eight.name}/vllm-2: port 8000 is also {eight.name}/vllm-1's" in output
+    assert f"{eight.name}/vllm-2: GPU 3 also in {eight.name}/vllm-1's group" in output
     assert current_release(eight)["id"] == before
     assert not eight.path(f"{STATE}/releases/sub599").exists()

@@ -1,9 +1,11 @@
 """The lab itself: hosts reachable with strict host key checking, private paths, the vendor's
-Python and vLLM per variant, ixsmi, and a down that leaves the machine as it found it.
+Python and vLLM per variant, ixsmi, a second lab beside it that neither reaches, and a down that
+leaves the machine as it found it.
 
-These tests build their own 3-host lab in pytest's temporary folder and take it down at the
-end. Namespaces, addresses and the bridge are machine-wide, so they refuse to run (an error at
-setup, naming the lab dir) while another lab, such as the default one, is up.
+These tests build their own 3-host lab in pytest's temporary folder under the process's module
+lab id (lab_guard) and take it down at the end; they refuse to run (an error at setup, naming
+the lab dir) while a lab of that id built elsewhere is up. Other labs, such as the default one
+or another pytest-xdist worker's, may be up meanwhile.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ import time
 from pathlib import Path
 
 import pytest
-from lab_guard import refuse_unless_the_lab_can_be_built
+from lab_guard import built_lab, module_lab_id, refuse_unless_the_lab_can_be_built, second_lab_id
 
 import host_tree
 import ixsmi
@@ -32,7 +34,7 @@ GPU_COUNTS = {"h2": 2}  # h1 and h3 keep the default 4
 
 
 def machine_state() -> dict:
-    """What the lab may change on the machine and must restore."""
+    """What labs may change on the machine and must restore."""
     return {
         "mountinfo": Path("/proc/self/mountinfo").read_text(),
         "netns": subprocess.run(["ip", "netns", "list"], capture_output=True, text=True, check=False).stdout,
@@ -44,11 +46,40 @@ def machine_state() -> dict:
     }
 
 
+def footprint(lab_id: testlab.LabId, lab_dir: Path) -> dict:
+    """What lab `lab_id` built in `lab_dir` has on the machine: its down must leave none of it."""
+    host_names = [lab_id.host_name(index) for index in range(1, testlab.MAX_HOSTS + 1)]
+    return {
+        "netns": [name for name in subprocess.run(["ip", "netns", "list"], capture_output=True, text=True,
+                                                  check=False).stdout.split() if name in host_names],
+        "links": sorted({lab_id.bridge, *map(lab_id.veth, range(1, testlab.MAX_HOSTS + 1))}
+                        & set(os.listdir("/sys/class/net"))),
+        "routes": [line for line in subprocess.run(["ip", "route"], capture_output=True, text=True,
+                                                   check=False).stdout.splitlines() if lab_id.subnet in line],
+        "mounts": [line for line in Path("/proc/self/mountinfo").read_text().splitlines()
+                   if str(lab_dir) in line or any(f"/run/netns/{name} " in line for name in host_names)],
+        "inventory": lab_id.inventory_path(lab_dir).exists(),
+        "processes": processes_using(lab_dir),
+    }
+
+
+NOTHING = {"netns": [], "links": [], "routes": [], "mounts": [], "inventory": False, "processes": []}
+
+
+def netns_dir_state() -> str:
+    """As the machine's record notes it: 'absent', 'dir', or 'mount' (`ip netns add` mounted it)."""
+    if not os.path.isdir("/run/netns"):
+        return "absent"
+    mounted = any(line.split()[4] == "/run/netns" for line in Path("/proc/self/mountinfo").read_text().splitlines())
+    return "mount" if mounted else "dir"
+
+
 @pytest.fixture(scope="module")
 def machine_before() -> dict:
-    """The machine's state before these tests build a lab."""
-    refuse_unless_the_lab_can_be_built()
-    return machine_state()
+    """The machine's state before these tests build a lab, and whether any lab was up then."""
+    refuse_unless_the_lab_can_be_built(module_lab_id())
+    with testlab.machine_lock():
+        return {"labs": testlab.labs_on_machine(), "state": machine_state()}
 
 
 @pytest.fixture(scope="module")
@@ -59,9 +90,7 @@ def upstream_release() -> Path:
 
 @pytest.fixture(scope="module")
 def lab(machine_before, tmp_path_factory):
-    lab_dir = tmp_path_factory.mktemp("lab")
-    yield testlab.up(n_hosts=3, gpus=GPU_COUNTS, lab_dir=lab_dir)
-    testlab.down(lab_dir)
+    yield from built_lab(tmp_path_factory, n_hosts=3, gpus=GPU_COUNTS)
 
 
 def ssh(lab: testlab.Lab, host: testlab.LabHost, command: str, check: bool = True):
@@ -98,23 +127,35 @@ def processes_using(lab_dir: Path) -> list[str]:
     return found
 
 
-def assert_machine_restored(before: dict) -> None:
-    after = machine_state()
-    assert not re.search(r"^lab-h\d+", after["netns"], re.MULTILINE)
-    assert testlab.BRIDGE not in after["links"]
-    assert testlab.SUBNET.split("/", maxsplit=1)[0] not in after["routes"]
-    assert after == before
+def assert_machine_restored(lab_id: testlab.LabId, lab_dir: Path, machine_record: dict, before: dict) -> None:
+    """Nothing of the lab is left; the machine's folders stay while another lab is up, and are
+    as before the first lab once none is (the whole machine as before, if no lab was up then)."""
+    assert footprint(lab_id, lab_dir) == NOTHING
+    with testlab.machine_lock():
+        if testlab.labs_on_machine():
+            assert testlab.MACHINE_RECORD.exists()
+            assert all(os.path.isdir(path) for path in host_tree.PRIVATE_MOUNTS)
+        else:
+            assert not testlab.MACHINE_RECORD.exists()
+            assert [path for path in machine_record["created_mount_points"] if os.path.exists(path)] == []
+            assert netns_dir_state() == machine_record["netns_dir_before"]
+            if not before["labs"]:
+                assert machine_state() == before["state"]
 
 
 # --- the hosts -------------------------------------------------------------------------------
 
 
 def test_hosts_are_described_as_built(lab):
-    assert [host.name for host in lab.hosts] == ["lab-h1", "lab-h2", "lab-h3"]
-    assert [host.ip for host in lab.hosts] == ["10.77.0.11", "10.77.0.12", "10.77.0.13"]
+    number = module_lab_id()
+    assert lab.id == testlab.LabId(number)
+    assert [host.name for host in lab.hosts] == [f"lab{number}-h1", f"lab{number}-h2", f"lab{number}-h3"]
+    assert [host.ip for host in lab.hosts] == [f"10.77.{number}.11", f"10.77.{number}.12", f"10.77.{number}.13"]
     assert [host.variant for host in lab.hosts] == ["vendor", "vendor-unregistered", "upstream"]
     assert [host.gpu_count for host in lab.hosts] == [4, 2, 4]
-    assert lab.host("lab-h2").gpu_names == ["Iluvatar BI-V100"] * 2
+    assert lab.host(f"lab{number}-h2").gpu_names == ["Iluvatar BI-V100"] * 2
+    # Its inventory is its own, in its lab dir: lab 0's (make deploy's) is not touched.
+    assert lab.inventory_path == lab.dir / "inventory" / "hosts.yml"
     assert testlab.load(lab.dir) == lab
 
 
@@ -296,31 +337,67 @@ def test_ixsmi_reports_what_its_config_says(lab):
 
 def test_up_again_as_asked_is_a_quick_no_op(lab):
     start = time.monotonic()
-    again = testlab.up(n_hosts=3, gpus=GPU_COUNTS, lab_dir=lab.dir)
+    again = testlab.up(n_hosts=3, gpus=GPU_COUNTS, lab_dir=lab.dir, lab_id=lab.id.number)
     assert time.monotonic() - start < 1
     assert [host.sshd_pid for host in again.hosts] == [host.sshd_pid for host in lab.hosts]
     with pytest.raises(testlab.LabError, match="--rebuild"):
-        testlab.up(n_hosts=4, lab_dir=lab.dir)
+        testlab.up(n_hosts=4, lab_dir=lab.dir, lab_id=lab.id.number)
+    # Up as another lab id is not up as asked either.
+    with pytest.raises(testlab.LabError, match=f"up as lab {lab.id.number} .* not as lab {second_lab_id()} "):
+        testlab.up(n_hosts=3, gpus=GPU_COUNTS, lab_dir=lab.dir, lab_id=second_lab_id())
 
 
-def test_a_second_lab_dir_is_refused_while_this_lab_is_up(lab, tmp_path):
+def test_a_second_lab_dir_is_refused_its_lab_id_while_this_lab_is_up(lab, tmp_path):
     with pytest.raises(testlab.LabBusyError, match=re.escape(str(lab.dir))):
-        testlab.up(n_hosts=1, lab_dir=tmp_path)
+        testlab.up(n_hosts=1, lab_dir=tmp_path, lab_id=lab.id.number)
     with pytest.raises(testlab.LabBusyError, match=re.escape(str(lab.dir))):
-        testlab.down(tmp_path)
+        testlab.down(tmp_path, lab_id=lab.id.number)
     assert testlab.load(lab.dir) == lab
 
 
-def test_inventory_reaches_every_host_with_ansible(lab):
+def reaches(lab: testlab.Lab, host: testlab.LabHost, ip: str) -> subprocess.CompletedProcess:
+    """Whether `host` opens a TCP connection to ip:22, asked on the host itself."""
+    connect = f"import socket; socket.create_connection(('{ip}', 22), timeout=2)"
+    return ssh(lab, host, f'{host.interpreter} -c "{connect}"', check=False)
+
+
+def test_a_lab_of_another_id_runs_beside_this_one_neither_reaching_the_other(lab, tmp_path):
+    refuse_unless_the_lab_can_be_built(second_lab_id())
+    beside = testlab.up(n_hosts=1, lab_dir=tmp_path / "beside", lab_id=second_lab_id())
+    try:
+        (other,) = beside.hosts
+        assert (other.name, other.ip) == (f"lab{second_lab_id()}-h1", f"10.77.{second_lab_id()}.11")
+        assert ssh(beside, other, "hostname").stdout.strip() == other.name
+        for source, target in ((lab, other), (beside, lab.hosts[0])):
+            unreached = reaches(source, source.hosts[0], target.ip)
+            assert unreached.returncode != 0 and "Network is unreachable" in unreached.stderr, unreached.stderr
+        assert reaches(lab, lab.hosts[0], lab.hosts[1].ip).returncode == 0
+    finally:
+        testlab.down(tmp_path / "beside")
+    assert footprint(beside.id, beside.dir) == NOTHING
+    # This lab's hosts keep the folders the machine's record would remove with the last lab.
+    assert testlab.load(lab.dir) == lab
+    for host in lab.hosts:
+        ssh(lab, host, " && ".join(f"mountpoint -q {path}" for path in PRIVATE_PATHS))
+
+
+def test_inventory_reaches_every_host_with_ansible_and_has_the_lab_group_vars(lab):
     ansible = Path(sys.executable).with_name("ansible")
     assert ansible.exists(), "ansible-core is installed beside this Python by `make setup`"
+    environment = {**os.environ, "ANSIBLE_CONFIG": str(testlab.REPO_ROOT / "ansible.cfg")}
     result = subprocess.run(
         [str(ansible), "-i", str(lab.inventory_path), "biv100", "-m", "ansible.builtin.ping"],
-        capture_output=True, text=True, timeout=120, check=False, cwd=testlab.REPO_ROOT,
-        env={**os.environ, "ANSIBLE_CONFIG": str(testlab.REPO_ROOT / "ansible.cfg")},
+        capture_output=True, text=True, timeout=120, check=False, cwd=testlab.REPO_ROOT, env=environment,
     )
     assert result.returncode == 0, result.stdout + result.stderr
     assert result.stdout.count("SUCCESS") == len(lab.hosts)
+    listed = subprocess.run([str(ansible.with_name("ansible-inventory")), "-i", str(lab.inventory_path), "--list"],
+                            capture_output=True, text=True, timeout=60, check=True, cwd=testlab.REPO_ROOT,
+                            env=environment)
+    hostvars = json.loads(listed.stdout)["_meta"]["hostvars"]
+    assert {host.name: hostvars[host.name]["facts_model_path"] for host in lab.hosts} == {
+        host.name: "/opt/models/qwen3_moe" if host.variant == "upstream" else "/opt/models/qwen3_5"
+        for host in lab.hosts}
 
 
 # The two tests below take labs down: they come last in this file.
@@ -328,36 +405,37 @@ def test_inventory_reaches_every_host_with_ansible(lab):
 
 def test_down_leaves_nothing(lab, machine_before):
     layout = testlab.LabDir(lab.dir)
+    machine_record = json.loads(testlab.MACHINE_RECORD.read_text())
     testlab.down(lab.dir)
     for host in lab.hosts:
         assert not testlab.is_running(host.sshd_pid), f"{host.name}'s sshd still runs"
-    assert processes_using(lab.dir) == []
     assert not layout.hosts.exists()
     assert not lab.dir.exists()
-    assert_machine_restored(machine_before)
+    assert_machine_restored(lab.id, lab.dir, machine_record, machine_before)
     with pytest.raises(testlab.LabNotUpError):
         testlab.load(lab.dir)
     testlab.down(lab.dir)  # nothing up: a no-op
 
 
 def test_down_cleans_up_an_interrupted_up(machine_before, tmp_path):
+    lab_id = testlab.LabId(second_lab_id())
+    refuse_unless_the_lab_can_be_built(lab_id.number)
     lab_dir = tmp_path / "interrupted"
     up = subprocess.Popen(
         [sys.executable, testlab.__file__, "up", "--hosts", "3"],
-        env={**os.environ, testlab.LAB_DIR_ENV: str(lab_dir)},
+        env={**os.environ, testlab.LAB_DIR_ENV: str(lab_dir), testlab.LAB_ID_ENV: str(lab_id.number)},
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
     )
     # Kill it, and the commands it runs, as soon as the network exists: trees built, sshds
     # starting or about to.
     deadline = time.monotonic() + 60
-    while "lab-h3" not in subprocess.run(["ip", "netns", "list"], capture_output=True,
-                                         text=True, check=False).stdout:
+    while 3 not in lab_id.netns_indices():
         assert up.poll() is None and time.monotonic() < deadline, "up ended before the kill"
         time.sleep(0.01)
     os.killpg(up.pid, signal.SIGKILL)
     up.wait()
-    assert json.loads((lab_dir / "lab.json").read_text())["state"] == "building"
-    testlab.down(lab_dir)
-    assert processes_using(lab_dir) == []
+    assert json.loads((lab_dir / "lab.json").read_text()) == {"state": "building", "lab_id": lab_id.number}
+    machine_record = json.loads(testlab.MACHINE_RECORD.read_text())
+    testlab.down(lab_dir)  # the lab id is the one its lab.json names
     assert not lab_dir.exists()
-    assert_machine_restored(machine_before)
+    assert_machine_restored(lab_id, lab_dir, machine_record, machine_before)

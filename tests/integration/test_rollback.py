@@ -1,9 +1,9 @@
 """Rollback against the lab: automatic in deploy.yml when a host fails its probes, canary first
 in a rollout, and on demand with rollback.yml, each time byte for byte and proven healthy.
 
-The tests build on each other in order: release A (sub510) everywhere, then B (sub511) with one
-host failing, then a failing canary, then rollback.yml twice in a row on one host, to base, and
-to a named release.
+The module's fixtures make the releases the tests start from: A (sub510) everywhere, then B
+(sub511) everywhere but on one host, which fails its probes and goes back to A. The tests then
+try a failing canary, rollback.yml twice in a row on one host, to base, and to a named release.
 """
 
 from __future__ import annotations
@@ -87,13 +87,24 @@ def release_a(lab, tmp_path_factory, snapshots):
     return run
 
 
-def test_a_host_failing_its_probes_goes_back_to_the_last_good_release(lab, release_a, snapshots, tmp_path):
+@pytest.fixture(scope="module")
+def release_b(lab, release_a, snapshots, tmp_path_factory):
+    """The rollout of sub511, the canary first, in which the second host fails its probes: the
+    run, its folder (with its ledger), and the guard's baselines before it."""
     broken = lab.hosts[1]  # not the canary: the rollout reaches it in the second batch
     protected = {host.name: protected_baseline(host) for host in lab.hosts}
-
-    run = run_playbook(DEPLOY, lab.inventory_path, tmp_path, extravars={
-        "serving_release": "sub511", "stage_payload_dir": str(payload_with(tmp_path, "b")),
+    folder = tmp_path_factory.mktemp("b")
+    run = run_playbook(DEPLOY, lab.inventory_path, folder, extravars={
+        "serving_release": "sub511", "stage_payload_dir": str(payload_with(folder, "b")),
         **breaking(broken)})
+    for host in lab.hosts:
+        if host is not broken and current_release(host)["id"] == "sub511":
+            snapshots[host.name, "sub511"] = serving_files(host)
+    return {"run": run, "folder": folder, "broken": broken, "protected": protected}
+
+
+def test_a_host_failing_its_probes_goes_back_to_the_last_good_release(lab, release_b, snapshots):
+    run, broken, protected = release_b["run"], release_b["broken"], release_b["protected"]
 
     assert run.rc != 0 and run.hosts_with("failures") == {broken.name}
     (message,) = [text for text in run.failure_messages(broken.name) if "rolled back to" in text]
@@ -109,10 +120,10 @@ def test_a_host_failing_its_probes_goes_back_to_the_last_good_release(lab, relea
     for host in lab.hosts:
         if host is not broken:
             assert current_release(host)["id"] == "sub511" and current_release(host)["status"] == "good"
-            snapshots[host.name, "sub511"] = serving_files(host)
         assert protected_baseline(host) == protected[host.name]
     # The ledger has the run's line for every host, the rollback included.
-    lines = {line["host"]: line for line in map(json.loads, (tmp_path / "ledger" / "ledger.jsonl").read_text().splitlines())}
+    ledger = release_b["folder"] / "ledger"
+    lines = {line["host"]: line for line in map(json.loads, (ledger / "ledger.jsonl").read_text().splitlines())}
     assert set(lines) == {host.name for host in lab.hosts}
     assert lines[broken.name]["rollback"] == {"from": "sub511", "to": "sub510",
                                               "files": ["reasoning/b_parser.py"]}
@@ -123,11 +134,11 @@ def test_a_host_failing_its_probes_goes_back_to_the_last_good_release(lab, relea
     assert good["probes"].startswith(f"{ALL_PROBES_PASSED}, median ")
     assert "reasoning/b_parser.py" in good["files_changed"]
     assert {mapping["entry"] for mapping in good["mappings"]} >= {"n-within-max-num-seqs", "thinking-off-for-tools"}
-    table = (tmp_path / "ledger" / "LEDGER.md").read_text()
+    table = (ledger / "LEDGER.md").read_text()
     assert f"| {broken.name} | deploy.yml | sub511 | sub510 | rolled back |" in table
 
 
-def test_a_failing_canary_stops_the_rollout_before_any_other_host_changes(lab, release_a, snapshots, tmp_path):
+def test_a_failing_canary_stops_the_rollout_before_any_other_host_changes(lab, release_b, snapshots, tmp_path):
     canary, *others = lab.hosts[2], lab.hosts[0], lab.hosts[1], lab.hosts[3]
     before = {host.name: serving_files(host) for host in others}
     releases = {host.name: current_release(host)["id"] for host in others}
@@ -145,8 +156,8 @@ def test_a_failing_canary_stops_the_rollout_before_any_other_host_changes(lab, r
     assert same_as(canary, snapshots[canary.name, "sub511"])
 
 
-def test_rolling_back_twice_goes_one_good_release_further_each_time(lab, release_a, snapshots, tmp_path):
-    host = lab.hosts[3]  # on sub511 since the first test, which followed sub510
+def test_rolling_back_twice_goes_one_good_release_further_each_time(lab, release_b, snapshots, tmp_path):
+    host = lab.hosts[3]  # on sub511 since release B, which followed sub510
     run = run_playbook(DEPLOY, lab.inventory_path, tmp_path / "sub513", limit=host.name, extravars={
         "serving_release": "sub513", "stage_payload_dir": str(payload_with(tmp_path, "d"))})
     assert run.rc == 0, run.stats

@@ -3,8 +3,11 @@ fleet proved good, and on a pristine twin of each deployed host patch_ops.sh, ru
 dash, makes exactly the vllm tree the Ansible deploy made; --restore brings the vendor's tree
 back; a bundle for another base or a tampered one is refused with nothing changed.
 
-The module's lab has six hosts: lab-h1..h3 (one of each variant) are deployed, lab-h4..h6 are
-their pristine twins. Tests run in order and build on each other's state.
+The module's lab has six hosts: hosts 1 to 3 (one of each variant) are deployed, hosts 4 to 6
+are their pristine twins. The module's fixtures make the state the tests start from: the deploy,
+the bundles, and patch_ops.sh applied on every twin (for the tests of applying and restoring).
+That the bundle's script passes shellcheck needs no host: tests/unit/plugins/plugin_utils/
+test_submission.py checks it.
 """
 
 from __future__ import annotations
@@ -45,10 +48,15 @@ def twins(lab):
     return [(lab.hosts[index], lab.hosts[index + 3]) for index in range(3)]
 
 
+def deployed_hosts(lab, count: int = 3) -> str:
+    """The limit of the first `count` deployed hosts (the twins are never deployed to)."""
+    return ",".join(host.name for host in lab.hosts[:count])
+
+
 @pytest.fixture(scope="module")
 def deployed(lab, tmp_path_factory):
     run = run_playbook(DEPLOY, lab.inventory_path, tmp_path_factory.mktemp("deploy"),
-                       limit="lab-h1,lab-h2,lab-h3", extravars={"serving_release": RELEASE, **ONE_BATCH})
+                       limit=deployed_hosts(lab), extravars={"serving_release": RELEASE, **ONE_BATCH})
     assert run.rc == 0, run.stats
     return run
 
@@ -58,12 +66,13 @@ def bundles(lab, deployed, tmp_path_factory):
     """{variant: bundle folder}: the vendor hosts' bundle, and the upstream host's, whose engine
     serves another model and so is a submission of its own."""
     out = tmp_path_factory.mktemp("submissions")
-    vendor = run_playbook(SUBMISSION, lab.inventory_path, out / "vendor-run", limit="lab-h1,lab-h2,lab-h3",
+    upstream_host = lab.hosts[2].name
+    vendor = run_playbook(SUBMISSION, lab.inventory_path, out / "vendor-run", limit=deployed_hosts(lab),
                           extravars={"serving_release": RELEASE, "serving_submission_dir": str(out / "vendor")})
-    upstream = run_playbook(SUBMISSION, lab.inventory_path, out / "upstream-run", limit="lab-h3",
+    upstream = run_playbook(SUBMISSION, lab.inventory_path, out / "upstream-run", limit=upstream_host,
                             extravars={"serving_release": RELEASE, "serving_submission_dir": str(out / "upstream")})
     assert vendor.rc == 0 and upstream.rc == 0, (vendor.stats, upstream.stats)
-    (built,) = vendor.results("lab-h1", BUILD_TASK)
+    (built,) = vendor.results(lab.hosts[0].name, BUILD_TASK)
     return {"run": vendor, "result": built, "vendor": out / "vendor" / RELEASE,
             "upstream": out / "upstream" / RELEASE}
 
@@ -102,7 +111,7 @@ def test_the_bundle_carries_what_the_release_was_proven_with(lab, bundles):
     # One variant per vendor base: the vendor's (registry kept) and the unregistered one's
     # (registry patched); the upstream host serves another model, so it is left out, named.
     assert sorted(tuple(variant["hosts"]) for variant in built["variants"]) == [(h1.name,), (h2.name,)]
-    assert [entry["host"] for entry in built["left_out"]] == ["lab-h3"]
+    assert [entry["host"] for entry in built["left_out"]] == [lab.hosts[2].name]
     assert "/opt/models/qwen3_moe" in built["left_out"][0]["reason"]
     # Every file is summed; the files are the very bytes the hosts installed.
     sums = dict(reversed(line.split("  ", 1)) for line in (bundle / "SHA256SUMS").read_text().splitlines())
@@ -123,34 +132,36 @@ def test_the_bundle_carries_what_the_release_was_proven_with(lab, bundles):
     assert (bundle / "patch_ops.sh").stat().st_mode & 0o777 == 0o755
 
 
-def test_the_generated_script_passes_shellcheck(bundles):
-    for variant in ("vendor", "upstream"):
-        checked = subprocess.run(["shellcheck", "-s", "sh", str(bundles[variant] / "patch_ops.sh")],
-                                 capture_output=True, text=True, check=False)
-        assert (checked.returncode, checked.stdout) == (0, ""), checked.stdout
-
-
-def test_patch_ops_makes_the_fleets_tree_on_every_twin(lab, twins, bundles):
-    for deployed, twin in twins:
-        bundle = bundle_for(bundles, twin)
-        assert tree_of(twin) != tree_of(deployed)
-
-        applied = patch_ops(lab, twin, bundle)
-
-        assert applied.returncode == 0, applied.stdout + applied.stderr
-        assert tree_of(twin) == tree_of(deployed), twin.name
-        assert applied.stdout.splitlines()[-1].endswith("OK")
-        assert "installed entrypoints/openai/serving_chat.py" in applied.stdout
-        again = patch_ops(lab, twin, bundle)
-        assert again.returncode == 0 and "installed" not in again.stdout.replace(" 0 installed", ""), again.stdout
-
-
 def bundle_for(bundles, host) -> Path:
     return bundles["upstream" if host.variant == "upstream" else "vendor"]
 
 
-def test_restore_brings_back_the_vendors_tree(lab, twins, bundles):
+@pytest.fixture(scope="module")
+def applied(lab, twins, bundles):
+    """patch_ops.sh run twice on every pristine twin: per twin, its tree before, and both runs."""
+    runs = {}
     for _deployed, twin in twins:
+        before = tree_of(twin)
+        first = patch_ops(lab, twin, bundle_for(bundles, twin))
+        runs[twin.name] = {"before": before, "first": first, "again": patch_ops(lab, twin, bundle_for(bundles, twin))}
+    return runs
+
+
+def test_patch_ops_makes_the_fleets_tree_on_every_twin(twins, applied):
+    for deployed, twin in twins:
+        before, first, again = (applied[twin.name][key] for key in ("before", "first", "again"))
+        assert before != tree_of(deployed)
+        assert first.returncode == 0, first.stdout + first.stderr
+        assert tree_of(twin) == tree_of(deployed), twin.name
+        assert first.stdout.splitlines()[-1].endswith("OK")
+        assert "installed entrypoints/openai/serving_chat.py" in first.stdout
+        assert again.returncode == 0 and "installed" not in again.stdout.replace(" 0 installed", ""), again.stdout
+
+
+def test_restore_brings_back_the_vendors_tree(lab, twins, bundles, applied):
+    for _deployed, twin in twins:
+        assert applied[twin.name]["first"].returncode == 0 and twin.path(f"{twin.package_root}.patch-ops-backup").exists()
+
         restored = patch_ops(lab, twin, bundle_for(bundles, twin), "--restore")
 
         assert restored.returncode == 0, restored.stdout + restored.stderr
@@ -165,7 +176,7 @@ def test_a_rebuild_changes_nothing_and_its_archive_is_byte_identical(lab, bundle
     archive = bundles["vendor"].with_suffix(".tar.gz")
     before = archive.read_bytes()
     # The inventory's values now differ from the release's: the bundle keeps the release's.
-    again = run_playbook(SUBMISSION, lab.inventory_path, tmp_path, limit="lab-h1,lab-h2,lab-h3", extravars={
+    again = run_playbook(SUBMISSION, lab.inventory_path, tmp_path, limit=deployed_hosts(lab), extravars={
         "serving_release": RELEASE, "serving_submission_dir": str(archive.parent),
         "engine_args": {"max_num_seqs": 4}})
     assert again.rc == 0 and again.hosts_with("changed") == set()
@@ -227,9 +238,9 @@ def test_a_release_not_good_on_a_named_host_is_refused_unless_forced(lab, deploy
     record["status"] = "failed"
     record_file.write_text(json.dumps(record))
     try:
-        refused = run_playbook(SUBMISSION, lab.inventory_path, tmp_path / "refused", limit="lab-h1,lab-h2",
+        refused = run_playbook(SUBMISSION, lab.inventory_path, tmp_path / "refused", limit=deployed_hosts(lab, 2),
                                extravars={"serving_release": RELEASE, "serving_submission_dir": str(tmp_path / "out")})
-        forced = run_playbook(SUBMISSION, lab.inventory_path, tmp_path / "forced", limit="lab-h1,lab-h2",
+        forced = run_playbook(SUBMISSION, lab.inventory_path, tmp_path / "forced", limit=deployed_hosts(lab, 2),
                               extravars={"serving_release": RELEASE, "serving_submission_force": True,
                                          "serving_submission_dir": str(tmp_path / "forced-out")})
     finally:
@@ -238,7 +249,7 @@ def test_a_release_not_good_on_a_named_host_is_refused_unless_forced(lab, deploy
     assert refused.rc != 0
     (failure,) = [event["event_data"]["res"]["msg"] for event in refused.events
                   if event["event"] == "runner_on_failed"]
-    assert "lab-h2" in failure and "failed" in failure
+    assert host.name in failure and "failed" in failure
     assert not (tmp_path / "out").exists()
     assert forced.rc == 0
-    assert "lab-h2" in (tmp_path / "forced-out" / RELEASE / "README.md").read_text()
+    assert host.name in (tmp_path / "forced-out" / RELEASE / "README.md").read_text()

@@ -1,20 +1,27 @@
 """The project's test lab: BI-V100-like hosts made of network namespaces on this machine.
 
-Host i is the network namespace `lab-h<i>` at 10.77.0.(10+i), reached from the machine through
-a bridge, with its own sshd started in a private mount namespace where the host's own folders
-are bind-mounted over /opt, /root, /usr/local/corex and the collection's state, config and log
-folders, plus a tmpfs over /run. What the hosts hold is built by host_tree.py.
+Host i of lab n is the network namespace `lab-h<i>` (lab 0) or `lab<n>-h<i>` at
+10.77.n.(10+i), reached from the machine through the lab's bridge, with its own sshd started in
+a private mount namespace where the host's own folders are bind-mounted over /opt, /root,
+/usr/local/corex and the collection's state, config and log folders, plus a tmpfs over /run.
+What the hosts hold is built by host_tree.py.
 
-    python tests/lab/lab.py up [--hosts N] [--gpus h2=2,h3=8] [--rebuild]
-    python tests/lab/lab.py status
-    python tests/lab/lab.py down
+    python tests/lab/lab.py [--lab-id N] up [--hosts N] [--gpus h2=2,h3=8] [--rebuild]
+    python tests/lab/lab.py [--lab-id N] status
+    python tests/lab/lab.py [--lab-id N] down
 
-The lab dir (env BIV100_LAB_DIR, default /tmp/biv100-lab) holds everything the lab makes: the
-ssh keys, known_hosts, each host's tree, sshd config, pid file and log, and lab.json, the
-description of what was built. `up` also writes inventory/lab/hosts.yml for that lab.
+The lab id (--lab-id, env BIV100_LAB_ID, default 0) decides what the lab owns on the machine:
+its namespaces' names, its bridge and veths, its subnet, its default lab dir and where its
+inventory is written. Labs of different ids are up side by side (the integration tests build
+one per pytest-xdist worker); lab 0 is the one `make deploy` builds.
 
-Namespace names, addresses and the bridge belong to the whole machine, so one lab can be up at a
-time. The bridge's alias names the lab dir that owns it: a lab command given another lab dir
+The lab dir (env BIV100_LAB_DIR, default /tmp/biv100-lab for lab 0, /tmp/biv100-lab<n>
+otherwise) holds everything the lab makes: the ssh keys, known_hosts, each host's tree, sshd
+config, pid file and log, and lab.json, the description of what was built. `up` also writes the
+lab's inventory: inventory/lab/hosts.yml for lab 0, <lab dir>/inventory/hosts.yml for the
+others.
+
+The bridge's alias names the lab dir that owns the lab id: a lab command given another lab dir
 refuses instead of taking over or tearing down a lab it did not build.
 """
 
@@ -26,6 +33,7 @@ import fcntl
 import json
 import logging
 import os
+import re
 import shutil
 import signal
 import socket
@@ -42,8 +50,14 @@ import vllm_sources
 log = logging.getLogger("biv100.lab")
 
 LAB_DIR_ENV = "BIV100_LAB_DIR"
+LAB_ID_ENV = "BIV100_LAB_ID"
 DEFAULT_LAB_DIR = "/tmp/biv100-lab"
+DEFAULT_LAB_ID = 0
+# Lab n's subnet is 10.77.n.0/24, and its interface names (biv100-lab<n>, biv100-<n>h<i>) must
+# fit the kernel's 15 characters.
+MAX_LAB_ID = 99
 REPO_ROOT = Path(__file__).resolve().parents[2]
+# Lab 0's inventory, beside the committed group_vars: what `make deploy` and molecule run against.
 INVENTORY_PATH = REPO_ROOT / "inventory" / "lab" / "hosts.yml"
 
 DEFAULT_HOSTS = 4
@@ -51,13 +65,17 @@ MAX_HOSTS = 16
 DEFAULT_GPUS = 4
 SUPERVISORD_EVERY = 4
 MAX_GPUS = 16
-BRIDGE = "biv100-lab"
-SUBNET = "10.77.0.0/24"
 SSH_PORT = 22
-# Taken around every up and down: two commands must not build or remove the same machine-wide
-# namespaces at once.
+# Taken around every up and down: two commands must not build or remove the same namespaces at
+# once, nor change the machine's folders that every lab's hosts mount over.
 MACHINE_LOCK = Path("/run/lock/biv100-lab.lock")
+# What the machine had before its first lab came up (which mount points were missing, whether
+# /run/netns was there), kept while any lab is up: the last lab to go down restores it.
+MACHINE_RECORD = Path("/run/biv100-lab.json")
 NETNS_DIR = "/run/netns"
+# Every lab's namespaces and bridges, whatever its id.
+LAB_NETNS = re.compile(r"lab(\d*)-h(\d+)")
+LAB_BRIDGE = re.compile(r"biv100-lab\d*")
 # ansible.cfg's control_path_dir and control_path: where Ansible's ssh masters to the hosts are.
 ANSIBLE_CONTROL_PATH = str(Path.home() / ".ansible" / "cp" / "%C")
 
@@ -77,15 +95,65 @@ class LabNotUpError(LabError):
 
 
 class LabBusyError(LabError):
-    """Another lab dir owns the machine's lab namespaces."""
+    """Another lab dir owns the lab id's namespaces."""
 
 
-def host_name(index: int) -> str:
-    return f"lab-h{index}"
+@dataclass(frozen=True)
+class LabId:
+    """What lab `number` owns on the machine. Lab 0's names carry no number, so the default
+    lab is `lab-h1` at 10.77.0.11 behind the bridge `biv100-lab`; lab 2's first host is
+    `lab2-h1` at 10.77.2.11 behind `biv100-lab2`."""
 
+    number: int
 
-def host_ip(index: int) -> str:
-    return f"10.77.0.{10 + index}"
+    def __post_init__(self):
+        if not 0 <= self.number <= MAX_LAB_ID:
+            raise LabError(f"the lab id is 0 to {MAX_LAB_ID}, not {self.number}")
+
+    @classmethod
+    def resolve(cls, lab_id: int | None = None) -> LabId:
+        """The id asked for, else the one in the environment, else the default lab's."""
+        if lab_id is not None:
+            return cls(lab_id)
+        text = os.environ.get(LAB_ID_ENV, "").strip()
+        if text and not text.isdigit():
+            raise LabError(f"{LAB_ID_ENV}={text!r} is not a lab id (0 to {MAX_LAB_ID})")
+        return cls(int(text) if text else DEFAULT_LAB_ID)
+
+    @property
+    def _tag(self) -> str:
+        return str(self.number) if self.number else ""
+
+    def host_name(self, index: int) -> str:
+        """The host's name: its network namespace, its hostname and its inventory name."""
+        return f"lab{self._tag}-h{index}"
+
+    def host_ip(self, index: int) -> str:
+        return f"10.77.{self.number}.{10 + index}"
+
+    @property
+    def subnet(self) -> str:
+        return f"10.77.{self.number}.0/24"
+
+    @property
+    def bridge(self) -> str:
+        return f"biv100-lab{self._tag}"
+
+    def veth(self, index: int) -> str:
+        """The host's veth end in the root namespace (the end inside the host is eth0)."""
+        return f"biv100-{self._tag}h{index}"
+
+    @property
+    def default_dir(self) -> str:
+        return f"{DEFAULT_LAB_DIR}{self._tag}"
+
+    def inventory_path(self, lab_dir: Path) -> Path:
+        return INVENTORY_PATH if self.number == DEFAULT_LAB_ID else lab_dir / "inventory" / "hosts.yml"
+
+    def netns_indices(self) -> list[int]:
+        """The host indices of this lab's namespaces that exist on the machine."""
+        return sorted(int(match[2]) for match in map(LAB_NETNS.fullmatch, _netns_names())
+                      if match and match[1] == self._tag)
 
 
 def variant_of(index: int) -> str:
@@ -96,11 +164,6 @@ def runs_supervisord(index: int) -> bool:
     """Every fourth host runs supervisord, so a 4-host lab has one of each way to run the engine
     that hosts without systemd have."""
     return index % SUPERVISORD_EVERY == 0
-
-
-def _veth_name(index: int) -> str:
-    """The host's veth end in the root namespace (the end inside the host is eth0)."""
-    return f"biv100-h{index}"
 
 
 @dataclass(frozen=True)
@@ -207,6 +270,7 @@ class LabHost:
 @dataclass(frozen=True)
 class Lab:
     dir: Path
+    id: LabId
     inventory_path: Path
     hosts: list[LabHost]
 
@@ -237,36 +301,42 @@ class Lab:
 
 
 def up(n_hosts: int = DEFAULT_HOSTS, gpus: dict[str, int] | None = None,
-       lab_dir: str | Path | None = None, rebuild: bool = False) -> Lab:
-    """Bring the lab up with `n_hosts` hosts, or return it if it is up as asked already.
+       lab_dir: str | Path | None = None, rebuild: bool = False, lab_id: int | None = None) -> Lab:
+    """Bring lab `lab_id` up with `n_hosts` hosts, or return it if it is up as asked already.
 
     `gpus` maps host names ("h2" or "lab-h2") to GPU counts (DEFAULT_GPUS for the others).
-    A lab that is up and healthy with other host or GPU counts is refused unless `rebuild`;
-    one that is broken or half-built is removed and built again.
+    A lab that is up and healthy with other host or GPU counts, or as another lab id, is refused
+    unless `rebuild`; one that is broken or half-built is removed and built again.
     """
-    layout = LabDir(resolve_lab_dir(lab_dir))
+    asked = LabId.resolve(lab_id)
+    layout = LabDir(resolve_lab_dir(lab_dir, asked))
     gpu_counts = _gpu_counts(n_hosts, gpus or {})
-    with _machine_lock():
-        _refuse_lab_owned_elsewhere(layout)
+    with machine_lock():
+        built_as = _built_lab_id(layout) or asked
+        for owned in {asked, built_as}:
+            _refuse_lab_owned_elsewhere(layout, owned)
         if not rebuild:
             existing = _healthy_lab_or_none(layout)
             if existing:
-                return _existing_if_as_asked(existing, gpu_counts)
-        _teardown(layout)
+                return _existing_if_as_asked(existing, gpu_counts, asked)
+        _teardown(layout, built_as)
         try:
-            return _build(layout, gpu_counts)
+            return _build(layout, asked, gpu_counts)
         except BaseException:
             log.error("up failed; removing what it built")
-            _teardown(layout)
+            _teardown(layout, asked)
             raise
 
 
-def down(lab_dir: str | Path | None = None) -> None:
-    """Take the lab down, whole or half-built; a no-op when nothing is up."""
-    layout = LabDir(resolve_lab_dir(lab_dir))
-    with _machine_lock():
-        _refuse_lab_owned_elsewhere(layout)
-        if not _teardown(layout):
+def down(lab_dir: str | Path | None = None, lab_id: int | None = None) -> None:
+    """Take the lab down, whole or half-built; a no-op when nothing is up. The lab id is the one
+    the lab dir's lab was built with, else `lab_id` (which also picks the default lab dir)."""
+    asked = LabId.resolve(lab_id)
+    layout = LabDir(resolve_lab_dir(lab_dir, asked))
+    with machine_lock():
+        built_as = _built_lab_id(layout) or asked
+        _refuse_lab_owned_elsewhere(layout, built_as)
+        if not _teardown(layout, built_as):
             log.info("no lab is up in %s: nothing to take down", layout.root)
 
 
@@ -291,12 +361,10 @@ def stop_sshd(host: LabHost, lab_dir: str | Path | None = None) -> list[int]:
 def start_sshd(host: LabHost, lab_dir: str | Path | None = None) -> int:
     """Start the host's sshd again in its own namespaces; return its pid once it serves."""
     layout = LabDir(resolve_lab_dir(lab_dir))
-    spec = host_tree.HostSpec(host.index, host.name, host.variant, host.gpu_count,
-                              supervisord=runs_supervisord(host.index))
     layout.pid_file(host.index).unlink(missing_ok=True)
     _run(["nsenter", f"--target={host.namespace_pid}", "--mount", "--uts", "--net", "--",
           "sh", "-c", _sshd_command(layout, host.index)])
-    pid = _wait_until_serving(layout, spec)
+    pid = _wait_until_serving(layout, host.index, host.name, host.ip)
     record = _read_record(layout)
     for described in record["hosts"]:
         if described["name"] == host.name:
@@ -335,13 +403,35 @@ def load(lab_dir: str | Path | None = None) -> Lab:
     return lab
 
 
-def running_lab_dir() -> Path | None:
-    """The lab dir of the lab that is up (or half up) on this machine, if any."""
-    return _bridge_owner()
+def running_lab_dir(lab_id: int | None = None) -> Path | None:
+    """The lab dir of lab `lab_id` (as LabId.resolve picks it) if it is up, or half up."""
+    return _bridge_owner(LabId.resolve(lab_id))
 
 
-def resolve_lab_dir(lab_dir: str | Path | None = None) -> Path:
-    path = Path(lab_dir or os.environ.get(LAB_DIR_ENV) or DEFAULT_LAB_DIR).resolve()
+def labs_on_machine() -> list[str]:
+    """The namespaces and bridges of every lab that is up (or half up) on the machine, any id."""
+    links = json.loads(_run(["ip", "-j", "link", "show"]).stdout)
+    return sorted([name for name in _netns_names() if LAB_NETNS.fullmatch(name)]
+                  + [link["ifname"] for link in links if LAB_BRIDGE.fullmatch(link["ifname"])])
+
+
+@contextlib.contextmanager
+def machine_lock():
+    """Held by every up and down (and by a reader that must see no lab half up or half down).
+    Not reentrant: up and down cannot be called while holding it."""
+    with open(MACHINE_LOCK, "w") as lock:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            log.info("another lab command is running; waiting for it to finish")
+            fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
+
+
+def resolve_lab_dir(lab_dir: str | Path | None = None, lab_id: LabId | None = None) -> Path:
+    """The lab dir asked for, else BIV100_LAB_DIR, else the lab id's default one."""
+    default = (lab_id or LabId.resolve()).default_dir
+    path = Path(lab_dir or os.environ.get(LAB_DIR_ENV) or default).resolve()
     if any(character.isspace() for character in str(path)):
         raise LabError(f"the lab dir {str(path)!r} contains white space, which sshd_config and "
                        "the launch script cannot carry; choose another")
@@ -361,17 +451,6 @@ def _is_under(path: str, folder: str) -> bool:
     return path == folder or path.startswith(folder.rstrip("/") + "/")
 
 
-@contextlib.contextmanager
-def _machine_lock():
-    with open(MACHINE_LOCK, "w") as lock:
-        try:
-            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            log.info("another lab command is running; waiting for it to finish")
-            fcntl.flock(lock, fcntl.LOCK_EX)
-        yield
-
-
 def _run(command: list[str], **kwargs) -> subprocess.CompletedProcess:
     """Run a command that must succeed; its stderr is in the error if it does not."""
     result = subprocess.run(command, capture_output=True, text=True, check=False, **kwargs)
@@ -380,9 +459,9 @@ def _run(command: list[str], **kwargs) -> subprocess.CompletedProcess:
     return result
 
 
-def _bridge_owner() -> Path | None:
-    """The lab dir recorded on the lab's bridge, if the bridge exists and has one."""
-    result = subprocess.run(["ip", "-j", "link", "show", "dev", BRIDGE],
+def _bridge_owner(lab_id: LabId) -> Path | None:
+    """The lab dir recorded on the lab id's bridge, if the bridge exists and has one."""
+    result = subprocess.run(["ip", "-j", "link", "show", "dev", lab_id.bridge],
                             capture_output=True, text=True, check=False)
     if result.returncode != 0:
         return None
@@ -390,19 +469,23 @@ def _bridge_owner() -> Path | None:
     return Path(alias) if alias else None
 
 
-def _lab_netns_indices() -> list[int]:
-    names = _run(["ip", "netns", "list"]).stdout.split()
-    return sorted(int(name[len("lab-h"):]) for name in names
-                  if name.startswith("lab-h") and name[len("lab-h"):].isdigit())
+def _netns_names() -> list[str]:
+    return _run(["ip", "netns", "list"]).stdout.split()
 
 
-def _refuse_lab_owned_elsewhere(layout: LabDir) -> None:
-    owner = _bridge_owner()
+def _built_lab_id(layout: LabDir) -> LabId | None:
+    """The lab id the lab dir's lab (whole or half-built) was built as, if it holds one."""
+    record = _read_record_if_any(layout)
+    return LabId(record["lab_id"]) if record else None
+
+
+def _refuse_lab_owned_elsewhere(layout: LabDir, lab_id: LabId) -> None:
+    owner = _bridge_owner(lab_id)
     if owner and owner != layout.root and (owner / "lab.json").exists():
         raise LabBusyError(
-            f"the lab that is up on this machine was built in {owner}, not {layout.root}; only "
-            f"one lab can be up at a time. Take it down first: "
-            f"{LAB_DIR_ENV}={owner} python tests/lab/lab.py down"
+            f"lab {lab_id.number} is up on this machine, built in {owner}, not {layout.root}. "
+            f"Take it down first: {LAB_DIR_ENV}={owner} python tests/lab/lab.py down; or "
+            f"choose another lab id ({LAB_ID_ENV})"
         )
 
 
@@ -413,7 +496,8 @@ def _read_lab(layout: LabDir) -> Lab:
             f"the up in {layout.root} did not finish. Take what it built down "
             "(python tests/lab/lab.py down) or run up again"
         )
-    return Lab(dir=layout.root, inventory_path=Path(record["inventory_path"]),
+    return Lab(dir=layout.root, id=LabId(record["lab_id"]),
+               inventory_path=Path(record["inventory_path"]),
                hosts=[LabHost(**host) for host in record["hosts"]])
 
 
@@ -441,8 +525,8 @@ def _healthy_lab_or_none(layout: LabDir) -> Lab | None:
 def _health_problems(lab: Lab) -> list[str]:
     layout = LabDir(lab.dir)
     problems = []
-    if _bridge_owner() != lab.dir:
-        problems.append(f"the bridge {BRIDGE} is missing or not this lab's")
+    if _bridge_owner(lab.id) != lab.dir:
+        problems.append(f"the bridge {lab.id.bridge} is missing or not this lab's")
     for host in lab.hosts:
         if not _is_our_sshd(host.sshd_pid, layout, host.index):
             problems.append(f"{host.name}'s sshd (pid {host.sshd_pid}) is not running")
@@ -451,12 +535,13 @@ def _health_problems(lab: Lab) -> list[str]:
     return problems
 
 
-def _existing_if_as_asked(lab: Lab, gpu_counts: list[int]) -> Lab:
+def _existing_if_as_asked(lab: Lab, gpu_counts: list[int], lab_id: LabId) -> Lab:
     built = [host.gpu_count for host in lab.hosts]
-    if built != gpu_counts:
+    if (built, lab.id) != (gpu_counts, lab_id):
         raise LabError(
-            f"the lab in {lab.dir} is up with {_describe(built)}, not {_describe(gpu_counts)}. "
-            f"Take it down first, or run: python tests/lab/lab.py up --rebuild"
+            f"the lab in {lab.dir} is up as lab {lab.id.number} with {_describe(built)}, not as "
+            f"lab {lab_id.number} with {_describe(gpu_counts)}. Take it down first, or run: "
+            "python tests/lab/lab.py up --rebuild"
         )
     log.info("the lab in %s is already up and healthy with %d hosts: nothing to do",
              lab.dir, len(lab.hosts))
@@ -473,12 +558,12 @@ def _gpu_counts(n_hosts: int, gpus: dict[str, int]) -> list[int]:
         raise LabError(f"the lab has 1 to {MAX_HOSTS} hosts, not {n_hosts}")
     counts = [DEFAULT_GPUS] * n_hosts
     for name, count in gpus.items():
-        index_text = name.removeprefix("lab-").removeprefix("h")
-        if not index_text.isdigit() or not 1 <= int(index_text) <= n_hosts:
+        named = re.fullmatch(r"(?:lab\d*-)?h(\d+)", name)
+        if not named or not 1 <= int(named[1]) <= n_hosts:
             raise LabError(f"GPU count for {name!r}: the lab's hosts are h1 to h{n_hosts}")
         if not 0 <= count <= MAX_GPUS:
             raise LabError(f"GPU count for {name!r}: {count} is not between 0 and {MAX_GPUS}")
-        counts[int(index_text) - 1] = count
+        counts[int(named[1]) - 1] = count
     return counts
 
 
@@ -499,58 +584,80 @@ class _PhaseTimer:
         return ", ".join(f"{phase} {seconds:.2f} s" for phase, seconds in self.phases)
 
 
-def _build(layout: LabDir, gpu_counts: list[int]) -> Lab:
+def _build(layout: LabDir, lab_id: LabId, gpu_counts: list[int]) -> Lab:
     specs = [
-        host_tree.HostSpec(index, host_name(index), variant_of(index), gpu_count,
+        host_tree.HostSpec(index, lab_id.host_name(index), variant_of(index), gpu_count,
                            supervisord=runs_supervisord(index))
         for index, gpu_count in enumerate(gpu_counts, start=1)
     ]
     timer = _PhaseTimer()
     route_source = _root_namespace_ipv4()
     layout.root.mkdir(parents=True, exist_ok=True)
-    # Written first, so that a down after an interrupted up knows what to restore.
-    machine_changes = {
-        "created_mount_points": [path for path in host_tree.PRIVATE_MOUNTS
-                                 if not os.path.exists(path)],
-        "netns_dir_before": _netns_dir_state(),
-    }
-    _write_record(layout, {"state": "building", **machine_changes})
+    # Written first, so that a down after an interrupted up knows which lab id to take down and
+    # the machine's record what to restore.
+    _write_record(layout, {"state": "building", "lab_id": lab_id.number})
+    _claim_machine()
     with timer("host trees"):
         vllm_release = vllm_sources.ensure_tree(vllm_sources.LAB_BASE_VERSION)
         _make_key(layout.private_key, "biv100-lab")
         public_key = layout.public_key.read_text()
         with ThreadPoolExecutor(max_workers=BUILD_WORKERS) as pool:
             built = list(pool.map(
-                lambda spec: _build_host(layout, spec, vllm_release, public_key), specs
+                lambda spec: _build_host(layout, lab_id, spec, vllm_release, public_key), specs
             ))
     with timer("network"):
-        _make_network(layout, len(specs), route_source)
+        _make_network(layout, lab_id, len(specs), route_source)
     with timer("sshd"):
-        for path in machine_changes["created_mount_points"]:
-            os.makedirs(path)  # what the hosts' bind mounts go over
-        sshd_pids = _start_sshds(layout, specs)
+        for path in host_tree.PRIVATE_MOUNTS:
+            os.makedirs(path, exist_ok=True)  # what the hosts' bind mounts go over
+        sshd_pids = _start_sshds(layout, lab_id, specs)
     hosts = [
-        LabHost(name=spec.name, index=spec.index, ip=host_ip(spec.index), variant=spec.variant,
-                gpu_count=spec.gpu_count, tree=str(layout.tree(spec.index)), sshd_pid=pid,
-                namespace_pid=_recorded_pid(layout.keeper_pid_file(spec.index)), **description)
+        LabHost(name=spec.name, index=spec.index, ip=lab_id.host_ip(spec.index),
+                variant=spec.variant, gpu_count=spec.gpu_count, tree=str(layout.tree(spec.index)),
+                sshd_pid=pid, namespace_pid=_recorded_pid(layout.keeper_pid_file(spec.index)),
+                **description)
         for spec, description, pid in zip(specs, built, sshd_pids)
     ]
-    lab = Lab(dir=layout.root, inventory_path=INVENTORY_PATH, hosts=hosts)
-    _write_known_hosts(layout, specs)
+    lab = Lab(dir=layout.root, id=lab_id, inventory_path=lab_id.inventory_path(layout.root),
+              hosts=hosts)
+    _write_known_hosts(layout, lab_id, specs)
     _write_inventory(lab)
-    _write_record(layout, {"state": "up", **machine_changes,
-                           "inventory_path": str(INVENTORY_PATH),
+    _write_record(layout, {"state": "up", "lab_id": lab_id.number,
+                           "inventory_path": str(lab.inventory_path),
                            "hosts": [asdict(host) for host in hosts]})
     with timer("ssh check"):
         _check_ssh(lab)
-    log.info("built %d hosts in %s (%s)", len(hosts), layout.root, timer.summary())
+    log.info("built %d hosts of lab %d in %s (%s)", len(hosts), lab_id.number, layout.root,
+             timer.summary())
     return lab
 
 
+def _claim_machine() -> None:
+    """Note in the machine's record what a lab is about to change on the machine: the mount
+    points it will make and, for the first lab up, the state of /run/netns. Every lab adds the
+    mount points missing now; the last lab down removes them (_release_machine)."""
+    record = _read_json_if_any(MACHINE_RECORD) or {"created_mount_points": [],
+                                                   "netns_dir_before": _netns_dir_state()}
+    missing = [path for path in host_tree.PRIVATE_MOUNTS if not os.path.exists(path)]
+    record["created_mount_points"] = sorted({*record["created_mount_points"], *missing})
+    _write_json(MACHINE_RECORD, record)
+
+
 def _write_record(layout: LabDir, record: dict) -> None:
-    staged = _staged(layout.record)
-    staged.write_text(json.dumps(record, indent=1, sort_keys=True))
-    os.replace(staged, layout.record)  # a reader never sees half a record
+    _write_json(layout.record, record)
+
+
+def _write_json(path: Path, document: dict) -> None:
+    staged = _staged(path)
+    staged.write_text(json.dumps(document, indent=1, sort_keys=True))
+    os.replace(staged, path)  # a reader never sees half a record
+
+
+def _read_json_if_any(path: Path) -> dict | None:
+    try:
+        return json.loads(path.read_text())
+    except FileNotFoundError:
+        return None
 
 
 def _staged(path: Path) -> Path:
@@ -584,18 +691,19 @@ def _make_key(private_key: Path, comment: str) -> None:
     _run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", comment, "-f", str(private_key)])
 
 
-def _build_host(layout: LabDir, spec: host_tree.HostSpec, vllm_release: Path,
+def _build_host(layout: LabDir, lab_id: LabId, spec: host_tree.HostSpec, vllm_release: Path,
                 public_key: str) -> dict:
     description = host_tree.build_host_tree(layout.tree(spec.index), spec, vllm_release,
                                             public_key)
     _make_key(layout.host_key(spec.index), spec.name)
-    layout.sshd_config(spec.index).write_text(_sshd_config(layout, spec.index))
+    layout.sshd_config(spec.index).write_text(
+        _sshd_config(layout, spec.index, lab_id.host_ip(spec.index)))
     return description
 
 
-def _sshd_config(layout: LabDir, index: int) -> str:
+def _sshd_config(layout: LabDir, index: int, ip: str) -> str:
     return "\n".join([
-        f"ListenAddress {host_ip(index)}:{SSH_PORT}",
+        f"ListenAddress {ip}:{SSH_PORT}",
         f"HostKey {layout.host_key(index)}",
         f"PidFile {layout.pid_file(index)}",
         "PermitRootLogin prohibit-password",
@@ -615,32 +723,35 @@ def _sshd_config(layout: LabDir, index: int) -> str:
     ])
 
 
-def _make_network(layout: LabDir, n_hosts: int, route_source: str) -> None:
+def _make_network(layout: LabDir, lab_id: LabId, n_hosts: int, route_source: str) -> None:
     # addrgenmode none: no IPv6 link-local addresses, so the lab sends no traffic of its own.
+    bridge = lab_id.bridge
     commands = [
-        f"link add name {BRIDGE} type bridge",
-        f"link set dev {BRIDGE} addrgenmode none",
-        f"link set dev {BRIDGE} alias {layout.root}",
-        f"link set dev {BRIDGE} up",
+        f"link add name {bridge} type bridge",
+        f"link set dev {bridge} addrgenmode none",
+        f"link set dev {bridge} alias {layout.root}",
+        f"link set dev {bridge} up",
     ]
     for index in range(1, n_hosts + 1):
+        name, veth = lab_id.host_name(index), lab_id.veth(index)
         commands += [
-            f"netns add {host_name(index)}",
-            f"link add name {_veth_name(index)} type veth peer name eth0 netns {host_name(index)}",
-            f"link set dev {_veth_name(index)} addrgenmode none",
-            f"link set dev {_veth_name(index)} master {BRIDGE} up",
+            f"netns add {name}",
+            f"link add name {veth} type veth peer name eth0 netns {name}",
+            f"link set dev {veth} addrgenmode none",
+            f"link set dev {veth} master {bridge} up",
         ]
-    commands.append(f"route add {SUBNET} dev {BRIDGE} src {route_source}")
+    commands.append(f"route add {lab_id.subnet} dev {bridge} src {route_source}")
     _ip_batch(commands)
     for index in range(1, n_hosts + 1):
         _ip_batch([
             "link set dev lo up",
             "link set dev eth0 addrgenmode none",
-            f"addr add {host_ip(index)}/24 dev eth0",
+            f"addr add {lab_id.host_ip(index)}/24 dev eth0",
             "link set dev eth0 up",
-            # The one way out: back to the machine's own address.
+            # The one way out: back to the machine's own address. Other labs' subnets, like
+            # every other address, have no route from here.
             f"route add {route_source}/32 dev eth0",
-        ], netns=host_name(index))
+        ], netns=lab_id.host_name(index))
 
 
 def _ip_batch(commands: list[str], netns: str | None = None) -> None:
@@ -649,7 +760,7 @@ def _ip_batch(commands: list[str], netns: str | None = None) -> None:
     _run(["ip", *in_netns, "-batch", "-"], input="\n".join(commands) + "\n")
 
 
-def _start_sshds(layout: LabDir, specs: list[host_tree.HostSpec]) -> list[int]:
+def _start_sshds(layout: LabDir, lab_id: LabId, specs: list[host_tree.HostSpec]) -> list[int]:
     """Start every host's sshd at once; return their pids once each accepts connections."""
     launches = [
         subprocess.Popen(
@@ -666,7 +777,8 @@ def _start_sshds(layout: LabDir, specs: list[host_tree.HostSpec]) -> list[int]:
         if launch.returncode != 0:
             raise LabError(f"{spec.name}'s sshd did not start: {stderr.strip()}"
                            f"{_log_tail(layout.sshd_log(spec.index))}")
-    return [_wait_until_serving(layout, spec) for spec in specs]
+    return [_wait_until_serving(layout, spec.index, spec.name, lab_id.host_ip(spec.index))
+            for spec in specs]
 
 
 def _launch_script(layout: LabDir, spec: host_tree.HostSpec) -> str:
@@ -694,15 +806,15 @@ def _sshd_command(layout: LabDir, index: int, exec_: bool = False) -> str:
             f"-E {layout.sshd_log(index)}")
 
 
-def _wait_until_serving(layout: LabDir, spec: host_tree.HostSpec) -> int:
+def _wait_until_serving(layout: LabDir, index: int, name: str, ip: str) -> int:
     deadline = time.monotonic() + READY_TIMEOUT_SECONDS
     while time.monotonic() < deadline:
-        pid = _recorded_pid(layout.pid_file(spec.index))
-        if pid and _accepts_tcp(host_ip(spec.index)):
+        pid = _recorded_pid(layout.pid_file(index))
+        if pid and _accepts_tcp(ip):
             return pid
         time.sleep(0.02)
-    raise LabError(f"{spec.name}'s sshd is not serving after {READY_TIMEOUT_SECONDS} s"
-                   f"{_log_tail(layout.sshd_log(spec.index))}")
+    raise LabError(f"{name}'s sshd is not serving after {READY_TIMEOUT_SECONDS} s"
+                   f"{_log_tail(layout.sshd_log(index))}")
 
 
 def _accepts_tcp(ip: str) -> bool:
@@ -727,11 +839,11 @@ def _log_tail(path: Path, lines: int = 10) -> str:
         return ""
 
 
-def _write_known_hosts(layout: LabDir, specs: list[host_tree.HostSpec]) -> None:
+def _write_known_hosts(layout: LabDir, lab_id: LabId, specs: list[host_tree.HostSpec]) -> None:
     lines = []
     for spec in specs:
         public_key = layout.host_public_key(spec.index).read_text()
-        lines.append(f"{host_ip(spec.index)} {public_key.strip()}\n")
+        lines.append(f"{lab_id.host_ip(spec.index)} {public_key.strip()}\n")
     layout.known_hosts.write_text("".join(lines))
 
 
@@ -765,7 +877,14 @@ def _inventory_marker(lab_dir: Path) -> str:
 
 
 def _write_inventory(lab: Lab) -> None:
-    """inventory/lab/hosts.yml for the lab (its group_vars sit beside it, committed)."""
+    """The lab's hosts.yml. Lab 0's is inventory/lab/hosts.yml, beside the committed group_vars;
+    another lab's inventory folder is in its lab dir, with a link to those group_vars."""
+    folder = lab.inventory_path.parent
+    if lab.inventory_path != INVENTORY_PATH:
+        folder.mkdir(exist_ok=True)
+        link = folder / "group_vars"
+        if not link.is_symlink():
+            link.symlink_to(INVENTORY_PATH.parent / "group_vars")
     group_vars = {
         "ansible_user": "root",
         "ansible_ssh_private_key_file": str(lab.private_key),
@@ -798,20 +917,20 @@ def _write_inventory(lab: Lab) -> None:
 # --- down ------------------------------------------------------------------------------------
 
 
-def _teardown(layout: LabDir) -> bool:
-    """Remove the lab, whole or half-built; return whether there was anything to remove."""
+def _teardown(layout: LabDir, lab_id: LabId) -> bool:
+    """Remove lab `lab_id`, whole or half-built, and its lab dir's files; return whether there
+    was anything to remove. Other labs' namespaces, processes and files are left alone."""
     record = _read_record_if_any(layout)
-    indices = sorted(set(_lab_netns_indices()) | set(layout.built_host_indices()))
-    if not (indices or record or _link_exists(BRIDGE)):
+    indices = sorted(set(lab_id.netns_indices()) | set(layout.built_host_indices()))
+    if not (indices or record or _link_exists(lab_id.bridge)):
         return False
-    _close_ssh_masters(indices)
-    _stop_processes(layout, indices)
-    _remove_network(indices)
-    if record:
-        _restore_machine_dirs(record)
-    _remove_inventory(layout)
+    _close_ssh_masters(lab_id, indices)
+    _stop_processes(layout, lab_id, indices)
+    _remove_network(lab_id, indices)
+    _release_machine()
+    _remove_inventory(layout, lab_id)
     _remove_lab_files(layout)
-    log.info("took the lab in %s down", layout.root)
+    log.info("took lab %d in %s down", lab_id.number, layout.root)
     return True
 
 
@@ -822,11 +941,12 @@ def _read_record_if_any(layout: LabDir) -> dict | None:
         return None
 
 
-def _close_ssh_masters(indices: list[int]) -> None:
+def _close_ssh_masters(lab_id: LabId, indices: list[int]) -> None:
     # A master left running would outlive its host and hang the next run that reuses its socket.
+    # Its socket is named after the host's address, which no other lab has.
     closers = [
         subprocess.Popen(["ssh", "-F", "none", "-o", f"ControlPath={ANSIBLE_CONTROL_PATH}",
-                          "-O", "exit", f"root@{host_ip(index)}"],
+                          "-O", "exit", f"root@{lab_id.host_ip(index)}"],
                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         for index in indices
     ]
@@ -834,13 +954,13 @@ def _close_ssh_masters(indices: list[int]) -> None:
         closer.wait()
 
 
-def _stop_processes(layout: LabDir, indices: list[int]) -> None:
+def _stop_processes(layout: LabDir, lab_id: LabId, indices: list[int]) -> None:
     """Stop the hosts' sshds, then whatever else still runs in the hosts' namespaces."""
     recorded = [pid for index in indices
                 if (pid := _recorded_pid(layout.pid_file(index)))
                 and _is_our_sshd(pid, layout, index)]
     _signal(recorded, signal.SIGTERM)
-    in_namespaces = [int(pid) for name in map(host_name, _lab_netns_indices())
+    in_namespaces = [int(pid) for name in map(lab_id.host_name, lab_id.netns_indices())
                      for pid in _run(["ip", "netns", "pids", name]).stdout.split()]
     _signal(in_namespaces, signal.SIGTERM)
     survivors = _wait_for_exit(recorded + in_namespaces, STOP_GRACE_SECONDS)
@@ -886,12 +1006,12 @@ def _wait_for_exit(pids: list[int], timeout: float) -> list[int]:
     return running
 
 
-def _remove_network(indices: list[int]) -> None:
-    commands = [f"link del dev {_veth_name(index)}" for index in indices
-                if _link_exists(_veth_name(index))]
-    commands += [f"netns del {host_name(index)}" for index in _lab_netns_indices()]
-    if _link_exists(BRIDGE):
-        commands.append(f"link del dev {BRIDGE}")  # takes its route to the hosts with it
+def _remove_network(lab_id: LabId, indices: list[int]) -> None:
+    commands = [f"link del dev {lab_id.veth(index)}" for index in indices
+                if _link_exists(lab_id.veth(index))]
+    commands += [f"netns del {lab_id.host_name(index)}" for index in lab_id.netns_indices()]
+    if _link_exists(lab_id.bridge):
+        commands.append(f"link del dev {lab_id.bridge}")  # takes its route to the hosts with it
     if commands:
         _ip_batch(commands)
 
@@ -900,8 +1020,13 @@ def _link_exists(name: str) -> bool:
     return subprocess.run(["ip", "link", "show", "dev", name], capture_output=True, check=False).returncode == 0
 
 
-def _restore_machine_dirs(record: dict) -> None:
-    """Remove the mount points up created and undo `ip netns add`'s mount of /run/netns."""
+def _release_machine() -> None:
+    """Once no lab is left on the machine, undo what the labs changed there (the machine's
+    record says what): remove the mount points they made and `ip netns add`'s mount of
+    /run/netns. While another lab is up, its hosts still mount over those folders."""
+    record = _read_json_if_any(MACHINE_RECORD)
+    if record is None or labs_on_machine():
+        return
     for path in record["created_mount_points"]:
         with contextlib.suppress(OSError):
             os.rmdir(path)  # only if still there and empty: something else may use it since
@@ -911,12 +1036,18 @@ def _restore_machine_dirs(record: dict) -> None:
             _run(["umount", "-n", NETNS_DIR])
         if record["netns_dir_before"] == "absent":
             os.rmdir(NETNS_DIR)
+    MACHINE_RECORD.unlink()
 
 
-def _remove_inventory(layout: LabDir) -> None:
+def _remove_inventory(layout: LabDir, lab_id: LabId) -> None:
+    path = lab_id.inventory_path(layout.root)
     with contextlib.suppress(FileNotFoundError):
-        if _inventory_marker(layout.root) in INVENTORY_PATH.read_text():
-            INVENTORY_PATH.unlink()
+        if _inventory_marker(layout.root) in path.read_text():
+            path.unlink()
+    if path != INVENTORY_PATH:
+        (path.parent / "group_vars").unlink(missing_ok=True)
+        with contextlib.suppress(OSError):
+            path.parent.rmdir()
 
 
 def _remove_lab_files(layout: LabDir) -> None:
@@ -946,24 +1077,28 @@ def _parse_gpus(text: str) -> dict[str, int]:
     return gpus
 
 
-def _print_status(layout: LabDir) -> int:
+def _print_status(layout: LabDir, lab_id: LabId) -> int:
     try:
         lab = load(layout.root)
     except LabError as error:
         print(error)
-        running = running_lab_dir()
+        running = running_lab_dir(lab_id.number)
         if running and running != layout.root:
-            print(f"the lab that is up on this machine is in {running}")
+            print(f"lab {lab_id.number} is up on this machine in {running}")
         return 1
-    print(f"lab up in {lab.dir}, {len(lab.hosts)} hosts, inventory {lab.inventory_path}")
+    print(f"lab {lab.id.number} up in {lab.dir}, {len(lab.hosts)} hosts, "
+          f"inventory {lab.inventory_path}")
     for host in lab.hosts:
-        print(f"  {host.name:<7} {host.ip:<11} {host.variant:<19} {host.gpu_count:>2} GPUs  "
+        print(f"  {host.name:<9} {host.ip:<12} {host.variant:<19} {host.gpu_count:>2} GPUs  "
               f"vllm {host.vllm_version:<22} sshd pid {host.sshd_pid}")
     return 0
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="lab.py", description=__doc__.split("\n\n", maxsplit=1)[0])
+    parser.add_argument("--lab-id", type=int, default=None,
+                        help=f"which lab, 0 to {MAX_LAB_ID} (default ${LAB_ID_ENV}, else "
+                             f"{DEFAULT_LAB_ID}): its names, addresses and default lab dir")
     commands = parser.add_subparsers(dest="command", required=True)
     up_parser = commands.add_parser("up", help="build the lab's hosts and start them")
     up_parser.add_argument("--hosts", type=int, default=DEFAULT_HOSTS,
@@ -978,14 +1113,15 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stdout)
     start = time.monotonic()
     try:
+        lab_id = LabId.resolve(args.lab_id)
         if args.command == "status":
-            return _print_status(LabDir(resolve_lab_dir()))
+            return _print_status(LabDir(resolve_lab_dir(lab_id=lab_id)), lab_id)
         if args.command == "up":
-            lab = up(args.hosts, args.gpus, rebuild=args.rebuild)
-            print(f"lab up: {len(lab.hosts)} hosts, inventory {lab.inventory_path} "
-                  f"({time.monotonic() - start:.2f} s)")
+            lab = up(args.hosts, args.gpus, rebuild=args.rebuild, lab_id=lab_id.number)
+            print(f"lab {lab.id.number} up: {len(lab.hosts)} hosts, inventory "
+                  f"{lab.inventory_path} ({time.monotonic() - start:.2f} s)")
         else:
-            down()
+            down(lab_id=lab_id.number)
             print(f"lab down ({time.monotonic() - start:.2f} s)")
     except (LabError, host_tree.BuildError) as error:
         print(f"lab {args.command}: {error}", file=sys.stderr)

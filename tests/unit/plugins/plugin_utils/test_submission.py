@@ -10,6 +10,7 @@ import gzip
 import hashlib
 import io
 import re
+import subprocess
 import tarfile
 
 import pytest
@@ -185,6 +186,15 @@ def test_the_run_document_is_the_reference_s_verbatim_and_the_script_has_the_inc
     # Sorted, once each; h4 is left out, so its interpreter is not tried.
     assert f"FLEET_INTERPRETERS='/usr/bin/python3 {COREX_PYTHON}'\n" in script
     assert _patch_ops.serving_patterns() in script and _patch_ops.protected_patterns() in script
+
+
+def test_the_bundles_script_passes_shellcheck_for_the_platforms_sh(tmp_path):
+    script = tmp_path / "patch_ops.sh"
+    script.write_bytes(build("sub510", fleet()).files["patch_ops.sh"])
+
+    checked = subprocess.run(["shellcheck", "-s", "sh", str(script)], capture_output=True, text=True, check=False)
+
+    assert (checked.returncode, checked.stdout, checked.stderr) == (0, "", "")
 
 
 def test_sha256sums_lists_every_other_file_in_byte_order():
