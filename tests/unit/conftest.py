@@ -106,13 +106,14 @@ with patch_module_args(json.loads(sys.stdin.read())):
 
 
 @pytest.fixture
-def module_process():
+def module_process(tmp_path):
     """run(module, args, timeout=30) -> (failed, result): the module (its import name) run as on a
     host, in a process of its own whose output is read to its end: for modules that leave a
     process behind, which must hold none of the module's output (Ansible's connection waits
-    until every holder has closed it, and so does this)."""
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(REPO / "collections"),
-                                                                     os.environ.get("PYTHONPATH")])))
+    until every holder has closed it, and so does this). Its temporary files go to the test's
+    folder."""
+    env = dict(os.environ, TMPDIR=str(tmp_path),
+               PYTHONPATH=os.pathsep.join(filter(None, [str(REPO / "collections"), os.environ.get("PYTHONPATH")])))
 
     def run(module: str, args: dict, timeout: float = 30) -> tuple[bool, dict]:
         done = subprocess.run([sys.executable, "-c", MODULE_PROCESS, module], input=json.dumps(args), env=env,

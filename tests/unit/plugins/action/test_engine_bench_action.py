@@ -409,11 +409,14 @@ class Engine(BaseHTTPRequestHandler):
         self.send_header("Content-Type", "text/event-stream")
         self.send_header("x-biv100-simulated", "1")
         self.end_headers()
-        for number in range(body["max_tokens"]):
-            time.sleep(self.server.delay)
-            self.event({"choices": [{"index": 0, "delta": {"content": f" t{number}"}}]})
-        self.event({"choices": [], "usage": {"prompt_tokens": 30, "completion_tokens": body["max_tokens"]}})
-        self.wfile.write(b"data: [DONE]\n\n")
+        try:
+            for number in range(body["max_tokens"]):
+                time.sleep(self.server.delay)
+                self.event({"choices": [{"index": 0, "delta": {"content": f" t{number}"}}]})
+            self.event({"choices": [], "usage": {"prompt_tokens": 30, "completion_tokens": body["max_tokens"]}})
+            self.wfile.write(b"data: [DONE]\n\n")
+        except (BrokenPipeError, ConnectionResetError):
+            pass  # a client stopped while it was answered (a stopped worker)
 
     def event(self, document):
         self.wfile.write(b"data: " + json.dumps(document).encode() + b"\n\n")
