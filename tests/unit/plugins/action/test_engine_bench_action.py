@@ -285,7 +285,7 @@ def test_a_worker_that_cannot_start_fails_the_task_and_nothing_is_followed(tmp_p
 
 
 def test_a_job_beyond_its_time_limit_is_stopped_and_fails_the_task(tmp_path, workload, playbook_dir, shown,
-                                                                    monkeypatch):
+                                                                   monkeypatch):
     monkeypatch.setattr(bench_action, "time_limit", lambda module_args: 0)
     host = Host(final=figures(5900, 20100), steps=[measuring(1, 6, 0.5, 100, 200)] * 3)
     with pytest.raises(AnsibleActionFail, match=re.escape(
@@ -490,7 +490,7 @@ def test_the_real_module_end_to_end(tmp_path, workload, playbook_dir, shown, eng
 
 
 def test_a_follow_that_fails_stops_the_worker_and_removes_its_job(tmp_path, workload, playbook_dir, shown, engine,
-                                                                   module_process):
+                                                                  module_process):
     url, received = engine(delay=0.2)
     # The start, one status call, then the connection is lost.
     host = Host(module_process=module_process, fail_calls=(3,))
