@@ -29,6 +29,11 @@ PYENV_VERSIONS := $(or $(PYENV_ROOT),$(HOME)/.pyenv)/versions
 # pyenv's versions folder that runs, or nothing.
 PYTHON_OF := python_of() { for candidate in $$(command -v python$$1) $(PYENV_VERSIONS)/$$1.*/bin/python$$1; do \
   if [ -x "$$candidate" ] && "$$candidate" -c '' 2>/dev/null; then echo "$$candidate"; return; fi; done; }
+# For recipes: sets `python` to the first of CONTROLLER_PYTHONS_2_21 found, or stops saying why.
+PYTHON_2_21 := $(PYTHON_OF); python=""; for version in $(CONTROLLER_PYTHONS_2_21); do \
+  python=$$(python_of $$version); [ -z "$$python" ] || break; done; \
+  if [ -z "$$python" ]; then echo "ansible-core 2.21 needs Python 3.12 or later, and no working" \
+    "python3.13 or python3.12 is on PATH or in $(PYENV_VERSIONS) (pyenv install 3.13 makes one)" >&2; exit 1; fi
 
 .PHONY: deploy test setup debian-packages lab-up lab-down facts verify report unit lint integration molecule lock bench \
 	setup-2.21 unit-2.21 sanity-2.21 integration-2.21 lock-2.21
@@ -70,12 +75,7 @@ $(VENV)/.installed: requirements.txt
 setup-2.21: debian-packages $(VENV_2_21)/.installed
 
 $(VENV_2_21)/.installed: requirements-2.21.txt
-	@$(PYTHON_OF); python=""; for version in $(CONTROLLER_PYTHONS_2_21); do \
-	  python=$$(python_of $$version); [ -z "$$python" ] || break; done; \
-	if [ -z "$$python" ]; then \
-	  echo "$(VENV_2_21): ansible-core 2.21 needs Python 3.12 or later, and no working python3.13 or python3.12" \
-	    "is on PATH or in $(PYENV_VERSIONS) (pyenv install 3.13 makes one)" >&2; exit 1; fi; \
-	set -x; "$$python" -m venv --clear $(VENV_2_21)
+	@$(PYTHON_2_21); set -x; "$$python" -m venv --clear $(VENV_2_21)
 	$(VENV_2_21)/bin/pip install -q --disable-pip-version-check -r requirements-2.21.txt
 	touch $@
 
@@ -154,8 +154,8 @@ lock:
 
 ## Re-pin requirements-2.21.txt from requirements-2.21.in, with the versions requirements.txt pins
 ## wherever it pins the same package, on the Python .venv-2.21 is made with.
-lock-2.21: setup-2.21
-	$(VENV_2_21)/bin/python -m venv --clear .lock-venv-2.21
+lock-2.21:
+	@$(PYTHON_2_21); set -x; "$$python" -m venv --clear .lock-venv-2.21
 	grep -v '^ansible-core==' requirements.txt > .lock-venv-2.21/constraints.txt
 	.lock-venv-2.21/bin/pip install -q -r requirements-2.21.in -c .lock-venv-2.21/constraints.txt
 	.lock-venv-2.21/bin/pip freeze --exclude-editable > requirements-2.21.txt && rm -rf .lock-venv-2.21
