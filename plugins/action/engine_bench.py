@@ -4,12 +4,12 @@
 """Controller half of biv100.serving.engine_bench: the throughput gate.
 
 The workload is expanded into request bodies here (a bad workload fails before anything is
-sent), the host half runs asynchronously - the action sets the task's async itself, as
-ActionBase._execute_module(wrap_async=True) expects - and until it ends, one cheap command
-waits on the host up to poll_seconds for the job to end, then reads its progress file and the
-async job's file, and a progress line is shown. The finished job's result comes back through ansible.legacy.async_status, which then
-removes the job file. The gate's verdict is data: the task fails only when the module failed
-or more than max_failed_fraction of the measured requests did.
+sent). One call of the module starts the measurement as a worker detached from it on the host;
+each call after waits there up to poll_seconds for the worker to end and otherwise answers the
+run so far, which is shown as one line; the call that finds it ended brings its result back and
+removes the job's folder. Should the following fail (a lost connection, the time limit, an
+interrupt), a last call stops the worker. The gate's verdict is data: the task fails only when
+the module failed or more than max_failed_fraction of the measured requests did.
 """
 
 from __future__ import annotations
@@ -18,7 +18,6 @@ import json
 import math
 import os
 import posixpath
-import shlex
 import time
 
 from ansible.errors import AnsibleActionFail
@@ -38,15 +37,10 @@ from ansible_collections.biv100.serving.plugins.plugin_utils._bench_workload imp
 display = Display()
 
 MODULE = "biv100.serving.engine_bench"
-ASYNC_STATUS = "ansible.legacy.async_status"
-PROGRESS_NAME = "engine_bench-progress.json"
-JOB_MARK = "--- biv100 engine_bench job ---"
-# How often the host looks at the job file while it waits for the job to end.
-POLL_TICK_SECONDS = 0.1
 # When the first progress line is shown, at the latest.
 FIRST_LINE_SECONDS = 1.0
-# Seconds the async job may run beyond its requests' timeouts before async_wrapper kills it.
-ASYNC_SLACK = 120
+# Seconds the job may run beyond its requests' timeouts before the action stops it.
+SLACK_SECONDS = 120
 # Figures of a results file that the deltas compare: (name, where in the figures).
 DELTA_FIGURES = (
     ("score", ("score",)),
@@ -91,8 +85,8 @@ class ActionModule(ActionBase):
         # How the progress, the messages and the results name the engine measured.
         label = f"{host}/{instance}" if instance else host
         if args["api_key"]:
-            # The job's arguments are written to a file on the host for async_wrapper to read.
-            raise AnsibleActionFail("engine_bench runs as an async job, whose arguments Ansible writes to a file "
+            # Without pipelining, Ansible writes each module call, its arguments with it, to the host.
+            raise AnsibleActionFail("engine_bench takes no key in its arguments, which Ansible may write to a file "
                                     "on the host: give api_key_env_file (the engine's env file, which holds "
                                     "VLLM_API_KEY) instead of api_key")
         if args["gate"] is None:
@@ -132,11 +126,11 @@ class ActionModule(ActionBase):
         module_args["concurrency"] = concurrency
 
         started_at = utc_timestamp()
-        answer = self._run_async(module_args, task_vars, label, args["poll_seconds"])
+        answer = self._run_job(module_args, task_vars, label, args["poll_seconds"])
         self._remove_tmp_path(self._connection._shell.tmpdir)
         if answer.get("failed"):
             answer["msg"] = f"{answer.get('msg', 'the benchmark failed')}{_mark(answer.get('simulated'))}"
-            answer["changed"] = False  # wrap_async marks every start changed; a bench changes nothing
+            answer["changed"] = False  # a bench changes nothing, whatever stopped it
             return answer
 
         verdict = judge(answer, args, workload, label)
@@ -153,92 +147,51 @@ class ActionModule(ActionBase):
             result["results_file"] = path
         return result
 
-    def _run_async(self, module_args: dict, task_vars: dict, host: str, poll_seconds: float) -> dict:
-        """The module's result, run as an async job whose progress is shown while it runs."""
-        shell = self._connection._shell
-        if shell.tmpdir is None:
-            # Made now rather than by _execute_module, so that the progress file can live in it:
-            # async_wrapper removes the folder, and the file with it, when the job ends.
-            self._make_tmp_path()
-        module_args.setdefault("progress_file", shell.join_path(shell.tmpdir, PROGRESS_NAME))
-        limit = async_limit(module_args)
-        saved = self._task.async_val
-        self._task.async_val = limit
-        try:
-            started = self._execute_module(MODULE, module_args=module_args, task_vars=task_vars, wrap_async=True)
-        finally:
-            self._task.async_val = saved
-        if started.get("failed") or "ansible_job_id" not in started:
-            # A failed start, or a connection that ran the module to its end in one go.
+    def _run_job(self, module_args: dict, task_vars: dict, host: str, poll_seconds: float) -> dict:
+        """The module's result, measured by a worker on the host whose progress is shown while
+        it runs."""
+        started = self._execute_module(MODULE, module_args=dict(module_args, _job="start"), task_vars=task_vars)
+        if started.get("failed"):
             return started
-        jid, job_file = started["ansible_job_id"], started.get("results_file")
-        deadline = time.monotonic() + limit + ASYNC_SLACK
-        progress, shown = None, time.monotonic() - poll_seconds + min(poll_seconds, FIRST_LINE_SECONDS)
-        while True:
-            looked = time.monotonic()
-            progress, finished = self._peek(module_args["progress_file"], job_file, progress, poll_seconds)
-            if finished:
-                break
-            # One line per poll_seconds, the first after a second at most: the job file may not be
-            # there yet when the host first looks, and a run shorter than that needs no line.
-            if time.monotonic() - shown >= poll_seconds:
-                display.display(progress_line(host, progress, module_args))
-                shown = time.monotonic()
-            if time.monotonic() > deadline:
-                raise AnsibleActionFail(f"{host}: the benchmark job {jid} did not end within {limit + ASYNC_SLACK} s")
-            # The host waits for the job itself; where it could not (no job file to watch), the
-            # controller waits instead.
-            time.sleep(max(0.0, poll_seconds - (time.monotonic() - looked)) if not job_file else 0.1)
-        async_dir = posixpath.dirname(job_file) if job_file else self._remote_expand_user(
-            self.get_shell_option("async_dir", default="~/.ansible_async"))
-        status = {"jid": jid, "_async_dir": async_dir}
-        answer = self._execute_module(ASYNC_STATUS, module_args=dict(status, mode="status"), task_vars=task_vars)
-        self._execute_module(ASYNC_STATUS, module_args=dict(status, mode="cleanup"), task_vars=task_vars)
-        # The job has ended: its folder (the module, its arguments, the progress file) goes now,
-        # whether or not async_wrapper got to it.
-        self._remove_tmp_path(shell.tmpdir, force=True)
-        for key in ("ansible_job_id", "started", "finished", "results_file", "invocation", "stdout", "stderr",
-                    "stdout_lines", "stderr_lines"):
+        # served_model_name: the one option the module always requires.
+        job = {"_job_dir": started["job_dir"], "served_model_name": module_args["served_model_name"]}
+        limit = time_limit(module_args)
+        deadline = time.monotonic() + limit
+        # The first line after a second at most; a run shorter than that needs none.
+        wait = min(poll_seconds, FIRST_LINE_SECONDS)
+        answer = None
+        try:
+            while True:
+                answer = self._execute_module(MODULE, module_args=dict(job, _job="status", _job_wait=wait),
+                                              task_vars=task_vars)
+                if answer.get("finished") or answer.get("failed"):
+                    break
+                display.display(progress_line(host, answer.get("progress"), module_args))
+                if time.monotonic() > deadline:
+                    raise AnsibleActionFail(f"{host}: the benchmark job {posixpath.basename(job['_job_dir'])} "
+                                            f"did not end within {limit} s")
+                wait = poll_seconds
+        finally:
+            if not (answer and answer.get("finished")):
+                self._stop(job, task_vars, host, started.get("pid"))
+        for key in ("finished", "invocation"):
             answer.pop(key, None)
         return answer
 
-    def _peek(self, progress_file: str, job_file: str | None, last: dict | None,
-              wait: float) -> tuple[dict | None, bool]:
-        """(the progress, whether the job ended) from one command on the host, which first waits
-        up to `wait` seconds for the job to end - so that a short run (the lab's takes about a
-        second) is seen ending at once, with one round trip per progress line - and then reads
-        both files."""
-        command = ""
-        if job_file:
-            # async_wrapper's job file says "started": true (1 before ansible-core 2.19) until the
-            # job's result replaces it.
-            ticks = max(1, int(wait / POLL_TICK_SECONDS))
-            command = (f"n=0; while [ $n -lt {ticks} ] && grep -Eqs '\"started\": (1|true)' {shlex.quote(job_file)}; "
-                       f"do sleep {POLL_TICK_SECONDS}; n=$((n+1)); done; ")
-        command += f"cat -- {shlex.quote(progress_file)} 2>/dev/null; printf '\\n%s\\n' {shlex.quote(JOB_MARK)}"
-        if job_file:
-            command += f"; cat -- {shlex.quote(job_file)} 2>/dev/null"
-        output = self._low_level_execute_command(command, sudoable=True).get("stdout", "")
-        progress_text, _mark_found, job_text = output.partition(JOB_MARK)
+    def _stop(self, job: dict, task_vars: dict, host: str, pid) -> None:
+        """End the worker whose following failed, and its folder; a warning if even that fails,
+        since the task fails already for the reason it stopped."""
         try:
-            progress = json.loads(progress_text) if progress_text.strip() else last
-        except ValueError:
-            progress = last
-        return progress, job_ended(job_text)
+            stopped = self._execute_module(MODULE, module_args=dict(job, _job="stop"), task_vars=task_vars)
+        except Exception as error:  # pylint: disable=broad-exception-caught
+            stopped = {"failed": True, "msg": str(error)}
+        if stopped.get("failed"):
+            display.warning(f"{host}: the benchmark worker {pid} in {job['_job_dir']} could not be stopped: "
+                            f"{stopped.get('msg')}")
 
 
-def job_ended(text: str) -> bool:
-    """async_status's reading of a job file: ended once it holds a result without `started`
-    (the module's, or async_wrapper's timeout), or one marked finished."""
-    try:
-        job = json.loads(text)
-    except ValueError:
-        return False
-    return isinstance(job, dict) and ("started" not in job or bool(job.get("finished")))
-
-
-def async_limit(module_args: dict) -> int:
-    """Seconds async_wrapper lets the job run: every wave of requests may take the timeout."""
+def time_limit(module_args: dict) -> int:
+    """Seconds the job may run: every wave of requests may take the timeout."""
     concurrency = module_args["concurrency"]
     timeout = module_args.get("timeout", 600)
     warmup = module_args.get("warmup", 0)
@@ -248,7 +201,7 @@ def async_limit(module_args: dict) -> int:
         seconds = module_args["duration_seconds"] + timeout
     else:
         seconds = math.ceil(measured / concurrency) * timeout
-    return int(math.ceil(waves * timeout + seconds)) + ASYNC_SLACK
+    return int(math.ceil(waves * timeout + seconds)) + SLACK_SECONDS
 
 
 def _mark(simulated) -> str:

@@ -17,6 +17,9 @@ import os
 import socket
 
 from ansible.plugins.action import ActionBase
+from ansible.utils.display import Display
+
+display = Display()
 
 MODULE = "biv100.serving.serving_lock"
 BREAK_HINT = "if that run is gone, re-run with -e serving_lock_break=true"
@@ -25,9 +28,9 @@ BREAK_HINT = "if that run is gone, re-run with -e serving_lock_break=true"
 def this_run():
     """The module arguments that name this run's process.
 
-    ansible-core 2.19 runs every task in a WorkerProcess, which the ansible-playbook process
-    forks directly (multiprocessing's "fork" context, ansible.utils.multiprocessing), and the
-    action runs inside that worker: its parent is the ansible-playbook process of the run
+    ansible-core (2.19 and 2.21) runs every task in a WorkerProcess, which the ansible-playbook
+    process forks directly (multiprocessing's "fork" context, ansible.utils.multiprocessing), and
+    the action runs inside that worker: its parent is the ansible-playbook process of the run
     (test_serving_lock_action.py checks this against a real ansible-playbook).
     """
     return {"_controller": socket.gethostname(), "_user": getpass.getuser(), "_pid": os.getppid()}
@@ -112,9 +115,9 @@ class ActionModule(ActionBase):
         retried = self._lock(dict(module_args, _break_stale=holder["run_id"]), task_vars)
         if retried.get("failed"):
             return with_hint(retried) if refused(retried) else retried
-        retried.setdefault("warnings", []).append(
-            "run %s left the lock behind (%s): this run took it over" % (holder["run_id"], reason)
-        )
+        # Through Display, as ansible-core's own actions warn: ansible-core 2.21's output fails on
+        # a text added to the warnings of a module's result.
+        display.warning("run %s left the lock behind (%s): this run took it over" % (holder["run_id"], reason))
         return retried
 
     def _lock(self, module_args, task_vars):

@@ -26,10 +26,14 @@ description:
     every figure and of the duration.
   - 'The action of the same name makes the requests on the controller from O(workload) (a
     workload file; the format is described in C(plugins/plugin_utils/_bench_workload.py)) or
-    takes O(requests) as given, runs the host half as an asynchronous job of its own and, until
-    it ends, reads the host''s O(progress_file) every O(poll_seconds) and shows a line of it
-    (C(lab-h1: bench 12/24 requests, 3.1 s, output 2310 tok/s, input 9800 tok/s)), judges the
-    score against O(gate), and with O(release) writes the figures to
+    takes O(requests) as given and calls the module to start the measurement as a worker of its
+    own on the host, detached from the call; then, until the worker ends, it calls the module
+    again every O(poll_seconds) and shows a line of the run so far (C(lab-h1: bench 12/24
+    requests, 3.1 s, output 2310 tok/s, input 9800 tok/s)). The call that finds the worker ended
+    takes its result and removes the job''s private folder on the host (the worker''s lock,
+    pid, progress and result; never the requests or the key, which stay in the worker''s
+    memory); a follow that fails stops the worker. The action then judges the score against
+    O(gate), and with O(release) writes the figures to
     C(<results_dir>/<release>/<inventory_hostname>.json).'
   - The task fails when more than O(max_failed_fraction) of the measured requests failed or
     the host half failed - not when the score misses the gate, which is returned as data
@@ -110,16 +114,16 @@ options:
         given; it is read as systemd's C(EnvironmentFile=) reads it, as
         M(biv100.serving.engine_process) does, and a line that is not C(NAME=value) fails the
         task.
-      - The task's way to give the key - its action refuses O(api_key), because an async job's
-        arguments are written to a file on the host - so that the key stays in the one file
-        the engine reads it from.
+      - The task's way to give the key - its action refuses O(api_key), because Ansible may write
+        a module's arguments to a file on the host - so that the key stays in the one file the
+        engine reads it from; the worker reads it before it detaches and keeps it in memory.
     type: str
   progress_file:
     description:
       - A file on the host that the module rewrites about every second, by renaming a whole new
         file over it, with the requests done and failed, the seconds elapsed, the output and
         input tokens so far and the running tokens per second.
-      - The action sets it in the task's remote temporary folder, which is removed with the job.
+      - Without it the worker writes its progress in the job's own folder, which goes with the job.
     type: path
   weights:
     description:
@@ -217,8 +221,8 @@ attributes:
   async:
     support: none
     details:
-      - The action runs the host half asynchronously itself, to show its progress while it
-        runs; the task's own C(async) is refused.
+      - The action runs the host half as a detached worker and follows it itself, to show its
+        progress while it runs; the task's own C(async) is refused.
   bypass_host_loop:
     support: none
   check_mode:
@@ -426,6 +430,8 @@ import time
 from urllib.parse import urlsplit
 
 from ansible.module_utils.basic import AnsibleModule
+from ansible.module_utils.common.parameters import remove_values
+from ansible_collections.biv100.serving.plugins.module_utils import _bench_job
 from ansible_collections.biv100.serving.plugins.module_utils._bench_figures import (
     compute,
     new_record,
@@ -433,7 +439,6 @@ from ansible_collections.biv100.serving.plugins.module_utils._bench_figures impo
 )
 from ansible_collections.biv100.serving.plugins.module_utils._bench_options import (
     MUTUALLY_EXCLUSIVE,
-    REQUIRED_ONE_OF,
     argument_spec,
 )
 from ansible_collections.biv100.serving.plugins.module_utils._engine_http import (
@@ -754,19 +759,60 @@ def run_bench(params, api_key=None, clock=time.perf_counter):
     return result
 
 
+def follow(module):
+    """_job status or stop: the job's progress, its result once it ended, or its end."""
+    params = module.params
+    if not params["_job_dir"]:
+        module.fail_json(msg="_job %s needs _job_dir, the folder _job start returned" % params["_job"])
+    try:
+        if params["_job"] == "stop":
+            stopped = _bench_job.stop(params["_job_dir"])
+            module.exit_json(changed=stopped, stopped=stopped,
+                             msg="the benchmark worker was stopped" if stopped else "no benchmark worker ran")
+        found = _bench_job.status(params["_job_dir"], params["_job_wait"] or 0)
+    except _bench_job.JobError as error:
+        # A worker that ended without a result leaves no job to follow.
+        module.fail_json(msg=str(error), finished=not os.path.lexists(params["_job_dir"]))
+    if not found["finished"]:
+        module.exit_json(changed=False, finished=False, progress=found["progress"])
+    result = dict(found["result"], finished=True)
+    if result.pop("failed", False):
+        module.fail_json(**result)
+    module.exit_json(**result)
+
+
 def main():
+    spec = argument_spec()
+    # The calls that follow a job measure nothing: the weights are those of its start, checked below.
+    spec["weights"]["required"] = False
     module = AnsibleModule(
-        argument_spec=argument_spec(),
-        required_one_of=REQUIRED_ONE_OF,
+        argument_spec=dict(
+            spec,
+            # What the action tells the host half (as ansible.builtin.copy's _original_basename):
+            # start the measurement as a detached worker (start), or follow the worker that
+            # start left in _job_dir (status, waiting up to _job_wait seconds for it to end), or
+            # end it (stop). Without _job the module measures within the call.
+            _job=dict(type="str"),
+            _job_dir=dict(type="path"),
+            _job_wait=dict(type="float"),
+        ),
+        # The calls that follow a job send neither requests nor workload.
+        required_if=[("_job", "start", ("requests", "workload"), True)],
         mutually_exclusive=MUTUALLY_EXCLUSIVE,
         supports_check_mode=True,
     )
     params = module.params
+    if params["_job"] in ("status", "stop"):
+        follow(module)
+    if params["_job"] not in (None, "start"):
+        module.fail_json(msg="_job must be start, status or stop, got %s" % params["_job"])
     if params["workload"] is not None:
         module.fail_json(msg="engine_bench makes the requests of a workload in its action plugin; "
                              "run it as a task, which sends the host half the requests")
     params["concurrency"] = params["concurrency"] or params["max_num_seqs"]
     problems = []
+    if not params["weights"]:
+        problems.append("weights is required to measure (the gates role passes the competition's)")
     if not params["requests"]:
         problems.append("requests is empty")
     if not params["concurrency"] or params["concurrency"] < 1:
@@ -793,10 +839,22 @@ def main():
         if api_key:
             # Masked wherever the module reports, as an option marked no_log would be.
             module.no_log_values.add(api_key)
-    result = run_bench(params, api_key)
     # The request bodies are the workload's prompts - megabytes for long-context workloads -
-    # and would otherwise travel back in the invocation of every result and the async job file.
+    # and would otherwise travel back in the invocation of the result.
     shown = dict(params, requests="%d request bodies" % len(params["requests"]))
+    if params["_job"] == "start":
+        def measure(progress_file):
+            result = run_bench(dict(params, progress_file=progress_file), api_key)
+            # Masked before it is written to the job's folder, as exit_json would mask it.
+            return remove_values(result, {api_key}) if api_key else result
+
+        try:
+            job_dir, pid = _bench_job.start(measure, params["progress_file"])
+        except _bench_job.JobError as error:
+            module.fail_json(msg=str(error))
+        module.exit_json(changed=False, job_dir=job_dir, pid=pid, invocation={"module_args": shown},
+                         msg="the benchmark runs in worker %d" % pid)
+    result = run_bench(params, api_key)
     module.exit_json(invocation={"module_args": shown}, **result)
 
 

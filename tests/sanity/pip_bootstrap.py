@@ -1,12 +1,13 @@
 """Stand-in for the get-pip.py that ansible-test downloads to bootstrap pip into its venvs.
 
-ansible-test (2.19) bootstraps pip into each venv it makes by running get-pip.py, which it
+ansible-test (2.19 and 2.21) bootstraps pip into each venv it makes by running get-pip.py, which it
 downloads from Ansible's CI file server unless ~/.ansible/test/cache/get_pip_<version>.py
 is already there (ansible_test/_util/target/setup/requirements.py, ``bootstrap``). That host is
 out of reach of the team's machines; the package index is not.
 
-``python tests/sanity/pip_bootstrap.py --seed`` (``make lint`` runs it) puts this file in that
-cache under the name ansible-test looks for. There it takes what ansible-test passes to
+``python tests/sanity/pip_bootstrap.py --seed`` (``make lint`` and ``make sanity-2.21`` run it,
+each with the Python of its ansible-test) puts this file in that cache under the name that
+ansible-test looks for. There it takes what ansible-test passes to
 get-pip.py (pip options, the pinned ``pip==<version>``, ``--no-setuptools``, ``--no-wheel``):
 the interpreter's own ``ensurepip`` puts a pip in the empty venv with no download, and that
 pip installs the requested packages from the package index, as get-pip.py would.
@@ -25,8 +26,8 @@ import types
 GET_PIP_FLAGS = {'--no-setuptools': 'setuptools', '--no-wheel': 'wheel'}
 # Where ansible-test looks before it downloads; the same expanduser, so the same HOME.
 CACHE = '~/.ansible/test/cache'
-# ansible-test's supported Pythons; each may pin its own pip version.
-PYTHON_VERSIONS = ('3.8', '3.9', '3.10', '3.11', '3.12', '3.13')
+# The Pythons of ansible-test 2.19 (3.8 to 3.13) and 2.21 (3.9 to 3.14); each may pin its own pip.
+PYTHON_VERSIONS = ('3.8', '3.9', '3.10', '3.11', '3.12', '3.13', '3.14')
 
 
 def installed() -> set[str]:

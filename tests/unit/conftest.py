@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
+import sys
 import threading
 import time
 from http.server import ThreadingHTTPServer
@@ -91,3 +93,34 @@ def loopback_server():
     for server in servers:
         server.shutdown()
         server.server_close()
+
+
+# A module's main() in a Python process of its own, its arguments given as Ansible gives them.
+MODULE_PROCESS = """
+import importlib, json, sys
+from ansible.module_utils.testing import patch_module_args
+module = importlib.import_module(sys.argv[1])
+with patch_module_args(json.loads(sys.stdin.read())):
+    module.main()
+"""
+
+
+@pytest.fixture
+def module_process(tmp_path):
+    """run(module, args, timeout=30) -> (failed, result): the module (its import name) run as on a
+    host, in a process of its own whose output is read to its end: for modules that leave a
+    process behind, which must hold none of the module's output (Ansible's connection waits
+    until every holder has closed it, and so does this). Its temporary files go to the test's
+    folder."""
+    env = dict(os.environ, TMPDIR=str(tmp_path),
+               PYTHONPATH=os.pathsep.join(filter(None, [str(REPO / "collections"), os.environ.get("PYTHONPATH")])))
+
+    def run(module: str, args: dict, timeout: float = 30) -> tuple[bool, dict]:
+        done = subprocess.run([sys.executable, "-c", MODULE_PROCESS, module], input=json.dumps(args), env=env,
+                              capture_output=True, text=True, timeout=timeout, check=False)
+        try:
+            return done.returncode != 0, json.loads(done.stdout)
+        except ValueError:
+            raise AssertionError(f"{module} answered no JSON: {done.stdout}{done.stderr}") from None
+
+    return run

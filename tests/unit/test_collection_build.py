@@ -14,7 +14,9 @@ import pytest
 # What the tools and runs of this project create in a checkout, by the tool that does.
 LEFT_BY_TOOLS_AND_RUNS = [
     ".venv/bin/python3",                                         # make setup
+    ".venv-2.21/bin/python3",                                    # make setup-2.21
     ".lock-venv/bin/python3",                                    # make lock
+    ".lock-venv-2.21/bin/python3",                               # make lock-2.21
     ".ansible/collections/ansible_collections/biv100/serving/galaxy.yml",  # ansible-lint, molecule
     ".ansible/roles/placeholder/tasks/main.yml",
     ".pytest_cache/v/cache/nodeids",                             # pytest

@@ -21,7 +21,7 @@ def bootstrap():
 
 
 def cached_name():
-    """The file ansible-test 2.19 runs instead of downloading get-pip.py."""
+    """The file the installed ansible-test runs instead of downloading get-pip.py."""
     pip = get_venv_packages(types.SimpleNamespace(version="3.11"))["pip"]
     return "get_pip_%s.py" % pip.replace(".", "_")
 

@@ -1,27 +1,25 @@
 """The controller half of biv100.serving.engine_bench, driven through ActionModule.run().
 
-The host is a folder: the async job's file and the progress file live there, the action's one
-cheap command per poll really runs (with /bin/sh) against them, and async_status is answered
-from the job file as ansible.legacy.async_status answers. The module's job is either canned (a
-progress file per poll, then a result) or the real module run in-process in a thread against a
-small streaming engine in this test.
+The action reaches the host only through calls of its module (_job start, then status until the
+job ended, stop when the following fails). Those calls are either canned (the start's answer, a
+progress per status call, then the result) or the real module, each call run as a process of its
+own as on a host, against a small streaming engine in this test.
 """
 
 from __future__ import annotations
 
 import json
-import posixpath
+import os
 import re
-import subprocess
 import textwrap
-import threading
 import time
 from http.server import BaseHTTPRequestHandler
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 import yaml
-from ansible.errors import AnsibleActionFail
+from ansible.errors import AnsibleActionFail, AnsibleConnectionFailure
 from ansible.parsing.dataloader import DataLoader
 from gates_defaults import SCORE_GATE, WEIGHTS
 
@@ -31,6 +29,8 @@ from ansible_collections.biv100.serving.plugins.modules import engine_bench as b
 from ansible_collections.biv100.serving.plugins.plugin_utils._bench_workload import expand, load_workload
 
 HOST = "lab-h1"
+MODULE_IMPORT = "ansible_collections.biv100.serving.plugins.modules.engine_bench"
+SECRET = "sk-biv100-bench-action-93b1"
 WORKLOAD = """
 name: tiny
 requests: 6
@@ -54,78 +54,62 @@ def figures(output_tps, input_tps, ok=24, failed=0, simulated=True, failures=())
         "weights": WEIGHTS, "score": WEIGHTS["output"] * output_tps + WEIGHTS["input"] * input_tps,
         "simulated": simulated, "concurrency": 2, "warmup": {"ok": 2, "failed": 0},
         "failures": list(failures), "progress_error": None, "msg": "module's own summary",
-        "invocation": {"module_args": {"requests": "26 request bodies"}},
+        "invocation": {"module_args": {"_job": "status"}},
     }
 
 
 class Host:
-    """A host as a folder. `steps` are the progress files of successive polls, after which the
-    job ends with `final`; or `live(module_args)` runs the module's work in a thread."""
+    """The host as the action's module calls reach it. Canned: the start answers a job, each
+    status call the next of `steps` (the run so far), then `final` (the result); or, with
+    `module_process`, every call runs the real module. The calls numbered in `fail_calls` (the
+    first is 1) fail as over a lost connection."""
 
-    def __init__(self, root, final=None, steps=(), live=None):
-        self.root = root
-        self.job_file = root / "async" / "j42"
-        self.job_file.parent.mkdir(parents=True)
-        self.final, self.steps, self.live = final, list(steps), live
+    def __init__(self, final=None, steps=(), module_process=None, fail_calls=()):
+        self.final, self.steps, self.module_process, self.fail_calls = final, list(steps), module_process, fail_calls
         self.calls = []
-        self.commands = []
-        self.async_val = None
-        self.progress_file = None
-        self.thread = None
+        self.started = None
+        self.job_files = []  # what the job's folder held before each status call
 
     def attach(self, action):
-        def make_tmp_path(*_args, **_kwargs):
-            (self.root / "tmp").mkdir(exist_ok=True)
-            action._connection._shell.tmpdir = str(self.root / "tmp")
-            return action._connection._shell.tmpdir
+        def execute_module(module_name=None, module_args=None, task_vars=None, **kwargs):
+            assert module_name == bench_action.MODULE and not kwargs, (module_name, kwargs)
+            self.calls.append(dict(module_args))
+            if len(self.calls) in self.fail_calls:
+                raise AnsibleConnectionFailure("ssh: connection lost")
+            answer = self.real(action, module_args) if self.module_process else self.canned(module_args)
+            if module_args["_job"] == "start":
+                self.started = answer
+            return answer
 
-        def execute_module(module_name=None, module_args=None, task_vars=None, wrap_async=False, **_):
-            self.calls.append((module_name, dict(module_args), wrap_async))
-            if module_name == bench_action.MODULE:
-                assert wrap_async, "the module runs as an async job"
-                self.async_val = action._task.async_val
-                self.progress_file = module_args["progress_file"]
-                self.write_job({"started": True, "finished": False, "ansible_job_id": "j42"})
-                if self.live:
-                    self.thread = threading.Thread(target=lambda: self.write_job(self.live(module_args)))
-                    self.thread.start()
-                action._connection._shell.tmpdir = None  # as _execute_module leaves it after wrap_async
-                return {"started": True, "finished": False, "ansible_job_id": "j42",
-                        "results_file": str(self.job_file), "changed": True}
-            assert module_name == bench_action.ASYNC_STATUS
-            assert module_args["jid"] == "j42" and module_args["_async_dir"] == str(self.job_file.parent)
-            if module_args["mode"] == "cleanup":
-                self.job_file.unlink()
-                return {"ansible_job_id": "j42", "erased": str(self.job_file)}
-            data = json.loads(self.job_file.read_text())
-            if "started" not in data:
-                data.update(finished=True, ansible_job_id="j42")
-            return data
+        def low_level_execute_command(*_args, **_kwargs):
+            raise AssertionError("the action reaches the host only through its module")
 
-        def low_level_execute_command(cmd, sudoable=True, **_):
-            if not self.live:
-                self.advance()
-            self.commands.append(cmd)
-            ran = subprocess.run(["/bin/sh", "-c", cmd], capture_output=True, text=True, check=False)
-            return {"rc": ran.returncode, "stdout": ran.stdout, "stderr": ran.stderr}
-
-        action._make_tmp_path = make_tmp_path
         action._execute_module = execute_module
         action._low_level_execute_command = low_level_execute_command
         action._remove_tmp_path = lambda *_args, **_kwargs: None
 
-    def write_job(self, data):
-        staged = self.job_file.with_suffix(".tmp")
-        staged.write_text(json.dumps(data))
-        staged.replace(self.job_file)
-
-    def advance(self):
-        """The next poll's state: the next progress file, or the ended job."""
+    def canned(self, module_args):
+        job = module_args["_job"]
+        if job == "start":
+            return {"changed": False, "job_dir": "/tmp/biv100-engine-bench-c4nn3d", "pid": 4242}
+        assert module_args["_job_dir"] == "/tmp/biv100-engine-bench-c4nn3d"
+        if job == "stop":
+            return {"changed": True, "stopped": True}
         if self.steps:
-            with open(self.progress_file, "w") as stream:
-                json.dump(self.steps.pop(0), stream)
-        else:
-            self.write_job(self.final)
+            return {"changed": False, "finished": False, "progress": self.steps.pop(0)}
+        return dict(self.final, finished=True)
+
+    def real(self, action, module_args):
+        if module_args["_job"] == "status":
+            folder = Path(self.started["job_dir"])
+            self.job_files.append({path.name: path.read_bytes() for path in folder.iterdir()}
+                                  if folder.exists() else {})
+        args = dict(module_args, _ansible_check_mode=action._task.check_mode)
+        _failed, answer = self.module_process(MODULE_IMPORT, args)
+        return answer
+
+    def jobs(self):
+        return [call["_job"] for call in self.calls]
 
 
 @pytest.fixture
@@ -153,15 +137,16 @@ def run_action(args, host, playbook_dir, check_mode=False):
             if value is not LEFT_OUT}
     task = SimpleNamespace(args=args, check_mode=check_mode, async_val=0, action=bench_action.MODULE,
                            environment=[], no_log=False, diff=False)
-    connection = SimpleNamespace(_shell=SimpleNamespace(tmpdir=None, join_path=posixpath.join))
+    connection = SimpleNamespace(_shell=SimpleNamespace(tmpdir=None))
     loader = DataLoader()
     loader.set_basedir(str(playbook_dir))
     action = bench_action.ActionModule(task, connection, None, loader, None)
     host.attach(action)
-    result = action.run(task_vars={"inventory_hostname": HOST})
-    if host.thread:
-        host.thread.join()
-    return result
+    try:
+        return action.run(task_vars={"inventory_hostname": HOST})
+    finally:
+        # The task's async settings are the task's own.
+        assert task.async_val == 0
 
 
 def args_for(workload, **options):
@@ -191,8 +176,8 @@ def test_a_passed_gate_the_progress_lines_and_the_results_file(tmp_path, workloa
         measuring(12, 24, 3.1, 2310.4, 9800.2),
         measuring(24, 24, 6.0, 5900.0, 20100.0),
     ]
-    host = Host(tmp_path / "host", final=figures(5900, 20100), steps=steps)
-    result = run_action(args_for(workload), host, playbook_dir)
+    host = Host(final=figures(5900, 20100), steps=steps)
+    result = run_action(args_for(workload, poll_seconds=2), host, playbook_dir)
 
     assert result["msg"] == "score 8314 >= 8000 (output 5900 tok/s, input 20100 tok/s) [simulated]", result["msg"]
     assert not result.get("failed") and result["changed"] is False
@@ -202,10 +187,11 @@ def test_a_passed_gate_the_progress_lines_and_the_results_file(tmp_path, workloa
         f"{HOST}: bench 12/24 requests, 3.1 s, output 2310 tok/s, input 9800 tok/s [simulated]",
         f"{HOST}: bench 24/24 requests, 6.0 s, output 5900 tok/s, input 20100 tok/s [simulated]",
     ]
-    # The task's async was set for the job's start only, and the job file is removed at the end.
-    assert host.async_val > 0 and not host.job_file.exists()
-    called = [name for name, _args, _wrapped in host.calls]
-    assert called == [bench_action.MODULE, bench_action.ASYNC_STATUS, bench_action.ASYNC_STATUS]
+    # One start, a status call per line and the one that took the result: nothing to stop. The
+    # first call waits on the host a second at most, the others poll_seconds.
+    assert host.jobs() == ["start", "status", "status", "status", "status"]
+    assert [call["_job_wait"] for call in host.calls[1:]] == [1.0, 2, 2, 2]
+    assert all(set(call) == {"_job", "_job_dir", "_job_wait", "served_model_name"} for call in host.calls[1:])
     path = playbook_dir / "build" / "bench" / "sub510" / f"{HOST}.json"
     assert result["results_file"] == str(path)
     document = json.loads(path.read_text())
@@ -220,24 +206,26 @@ def test_a_passed_gate_the_progress_lines_and_the_results_file(tmp_path, workloa
 
 
 def test_the_workload_is_expanded_on_the_controller_and_the_bodies_travel(tmp_path, workload, playbook_dir, shown):
-    host = Host(tmp_path / "host", final=figures(5900, 20100))
+    host = Host(final=figures(5900, 20100))
     run_action(args_for(workload, url="http://127.0.0.1:8011", api_key_env_file="/etc/engine.env", timeout=30),
                host, playbook_dir)
-    _name, module_args, _wrapped = host.calls[0]
+    module_args = host.calls[0]
+    assert module_args["_job"] == "start"
     assert module_args["requests"] == expand(load_workload(workload), "qwen3_5", 2)
     assert module_args["warmup"] == 1 and module_args["concurrency"] == 2 and module_args["timeout"] == 30
     assert module_args["api_key_env_file"] == "/etc/engine.env" and "api_key" not in module_args
-    assert module_args["progress_file"] == str(tmp_path / "host" / "tmp" / bench_action.PROGRESS_NAME)
     assert module_args["weights"] == WEIGHTS
+    # The worker writes its progress in the job's own folder.
+    assert "progress_file" not in module_args
     # The options the action reads stay on the controller.
     assert not {"workload", "datasets", "gate", "release", "results_dir", "compare_with", "poll_seconds",
                 "max_num_seqs", "max_failed_fraction"} & set(module_args)
     # A wave of warm-up and three of measured requests (2 at a time), each up to the timeout, and the slack.
-    assert host.async_val == (1 + 3) * 30 + bench_action.ASYNC_SLACK
+    assert bench_action.time_limit(module_args) == (1 + 3) * 30 + bench_action.SLACK_SECONDS
 
 
 def test_a_missed_gate_is_data_not_a_failure(tmp_path, workload, playbook_dir, shown):
-    host = Host(tmp_path / "host", final=figures(5400, 12400, simulated=False))
+    host = Host(final=figures(5400, 12400, simulated=False))
     result = run_action(args_for(workload), host, playbook_dir)
     assert not result.get("failed")
     assert result["gate"] == {"score": 8000.0, "passed": False}
@@ -248,7 +236,7 @@ def test_a_missed_gate_is_data_not_a_failure(tmp_path, workload, playbook_dir, s
 def test_the_deltas_against_the_last_good_release(tmp_path, workload, playbook_dir, shown):
     earlier = json.loads(json.dumps(figures(5800, 20000)))
     earlier["ttft_ms"]["p99"], earlier["tpot_ms"]["p99"] = 250.0, 19.5
-    host = Host(tmp_path / "host", final=figures(5900, 20100))
+    host = Host(final=figures(5900, 20100))
     result = run_action(args_for(workload, compare_with={"release": "sub168", "figures": earlier}), host,
                         playbook_dir)
     deltas = result["deltas"]
@@ -266,7 +254,7 @@ def test_the_deltas_against_the_last_good_release(tmp_path, workload, playbook_d
 
 
 def test_a_figure_missing_from_the_earlier_release_has_no_delta(tmp_path, workload, playbook_dir, shown):
-    host = Host(tmp_path / "host", final=figures(5900, 20100))
+    host = Host(final=figures(5900, 20100))
     result = run_action(args_for(workload, compare_with={"release": "old", "figures": {"score": 8000}}), host,
                         playbook_dir)
     assert result["deltas"]["output_tps"] is None and result["deltas"]["score"]["change"] == pytest.approx(314.0)
@@ -278,7 +266,7 @@ def test_failed_requests_fail_the_task_beyond_the_allowed_fraction(tmp_path, wor
                                                                    ok, failed, fails):
     failures = [{"index": 3, "warmup": True, "error": "HTTP 400: warm"}] + [
         {"index": 5 + n, "warmup": False, "error": "HTTP 500: CUDA out of memory"} for n in range(failed)]
-    host = Host(tmp_path / "host", final=figures(9000, 9000, ok=ok, failed=failed, failures=failures))
+    host = Host(final=figures(9000, 9000, ok=ok, failed=failed, failures=failures))
     result = run_action(args_for(workload), host, playbook_dir)
     assert bool(result.get("failed")) is fails, result["msg"]
     if fails and failed:
@@ -290,14 +278,35 @@ def test_failed_requests_fail_the_task_beyond_the_allowed_fraction(tmp_path, wor
 
 
 def test_a_failed_module_fails_the_task_with_its_message(tmp_path, workload, playbook_dir, shown):
-    host = Host(tmp_path / "host", final={"failed": True, "msg": "Timeout exceeded", "child_pid": 7})
+    host = Host(final={"failed": True, "msg": "the benchmark worker (pid 4242) ended without a result"})
     result = run_action(args_for(workload), host, playbook_dir)
-    assert result["failed"] and result["msg"] == "Timeout exceeded"
+    assert result["failed"] and result["msg"] == "the benchmark worker (pid 4242) ended without a result"
+    assert result["changed"] is False and "finished" not in result
+    assert host.jobs() == ["start", "status"]  # the job had ended: nothing to stop
+    assert not (playbook_dir / "build").exists()
+
+
+def test_a_worker_that_cannot_start_fails_the_task_and_nothing_is_followed(tmp_path, workload, playbook_dir, shown):
+    host = Host()
+    host.canned = lambda module_args: {"failed": True, "msg": "the benchmark worker did not start"}
+    result = run_action(args_for(workload), host, playbook_dir)
+    assert result["failed"] and result["msg"] == "the benchmark worker did not start"
+    assert host.jobs() == ["start"] and not (playbook_dir / "build").exists()
+
+
+def test_a_job_beyond_its_time_limit_is_stopped_and_fails_the_task(tmp_path, workload, playbook_dir, shown,
+                                                                   monkeypatch):
+    monkeypatch.setattr(bench_action, "time_limit", lambda module_args: 0)
+    host = Host(final=figures(5900, 20100), steps=[measuring(1, 6, 0.5, 100, 200)] * 3)
+    with pytest.raises(AnsibleActionFail, match=re.escape(
+            f"{HOST}: the benchmark job biv100-engine-bench-c4nn3d did not end within 0 s")):
+        run_action(args_for(workload), host, playbook_dir)
+    assert host.jobs() == ["start", "status", "stop"]
     assert not (playbook_dir / "build").exists()
 
 
 def test_check_mode_measures_but_writes_no_results_file(tmp_path, workload, playbook_dir, shown):
-    host = Host(tmp_path / "host", final=figures(5900, 20100))
+    host = Host(final=figures(5900, 20100))
     result = run_action(args_for(workload), host, playbook_dir, check_mode=True)
     assert result["results_file"] is None and result["gate"]["passed"]
     assert not (playbook_dir / "build").exists()
@@ -307,7 +316,7 @@ def test_a_quality_verdict_already_recorded_is_kept(tmp_path, workload, playbook
     path = tmp_path / "results" / "sub510" / f"{HOST}.json"
     path.parent.mkdir(parents=True)
     path.write_text(json.dumps({"score": 1, "quality": {"passed": True, "accuracy": 0.91}}))
-    host = Host(tmp_path / "host", final=figures(5900, 20100))
+    host = Host(final=figures(5900, 20100))
     result = run_action(args_for(workload, results_dir=str(tmp_path / "results")), host, playbook_dir)
     assert result["results_file"] == str(path)
     document = json.loads(path.read_text())
@@ -318,7 +327,7 @@ def test_a_quality_verdict_already_recorded_is_kept(tmp_path, workload, playbook
 def test_a_quality_verdict_given_is_recorded_without_the_task_results_keys(tmp_path, workload, playbook_dir,
                                                                            shown):
     verdict = {"changed": False, "invocation": {}, "score": 0.92, "passed": True, "simulated": True}
-    host = Host(tmp_path / "host", final=figures(5900, 20100))
+    host = Host(final=figures(5900, 20100))
     result = run_action(args_for(workload, quality=verdict), host, playbook_dir)
     document = json.loads((playbook_dir / "build" / "bench" / "sub510" / f"{HOST}.json").read_text())
     assert document["quality"] == {"score": 0.92, "passed": True, "simulated": True}
@@ -326,7 +335,7 @@ def test_a_quality_verdict_given_is_recorded_without_the_task_results_keys(tmp_p
 
 
 def test_a_relative_results_dir_is_beside_the_playbook(tmp_path, workload, playbook_dir, shown):
-    host = Host(tmp_path / "host", final=figures(5900, 20100))
+    host = Host(final=figures(5900, 20100))
     result = run_action(args_for(workload, results_dir="out"), host, playbook_dir)
     assert result["results_file"] == str(playbook_dir / "out" / "sub510" / f"{HOST}.json")
 
@@ -334,16 +343,16 @@ def test_a_relative_results_dir_is_beside_the_playbook(tmp_path, workload, playb
 def test_without_release_no_file_is_written(tmp_path, workload, playbook_dir, shown):
     args = args_for(workload)
     del args["release"]
-    result = run_action(args, Host(tmp_path / "host", final=figures(5900, 20100)), playbook_dir)
+    result = run_action(args, Host(final=figures(5900, 20100)), playbook_dir)
     assert result["results_file"] is None and not (playbook_dir / "build").exists()
 
 
 def test_requests_of_your_own_are_sent_as_they_are(tmp_path, playbook_dir, shown):
-    host = Host(tmp_path / "host", final=figures(5900, 20100))
+    host = Host(final=figures(5900, 20100))
     bodies = [{"messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}] * 3
     result = run_action({"requests": bodies, "served_model_name": "m", "concurrency": 3, "warmup": 1,
                          "duration_seconds": 5, "poll_seconds": 0.01, "release": "r1"}, host, playbook_dir)
-    _name, module_args, _wrapped = host.calls[0]
+    module_args = host.calls[0]
     assert module_args["requests"] == bodies and module_args["warmup"] == 1
     assert module_args["duration_seconds"] == 5 and module_args["concurrency"] == 3
     assert result["workload"] is None and result["gate"]["passed"]
@@ -352,7 +361,7 @@ def test_requests_of_your_own_are_sent_as_they_are(tmp_path, playbook_dir, shown
 # ---- refusals before anything is sent ------------------------------------------------------
 
 def refused(args, tmp_path, playbook_dir, match):
-    host = Host(tmp_path / "host", final=figures(1, 1))
+    host = Host(final=figures(1, 1))
     with pytest.raises(AnsibleActionFail, match=match):
         run_action(args, host, playbook_dir)
     assert host.calls == []
@@ -395,32 +404,36 @@ def test_a_named_workload_is_one_of_files_bench(tmp_path, playbook_dir):
 
 def test_the_concurrency_comes_from_the_task_then_the_workload_then_max_num_seqs(
         tmp_path, workload, playbook_dir, shown):
-    host = Host(tmp_path / "host", final=figures(1, 1))
+    host = Host(final=figures(1, 1))
     run_action(args_for(workload, concurrency=5), host, playbook_dir)
-    assert host.calls[0][1]["concurrency"] == 5
+    assert host.calls[0]["concurrency"] == 5
     workload.write_text(textwrap.dedent(WORKLOAD) + "concurrency: 4\n")
-    host = Host(tmp_path / "host2", final=figures(1, 1))
+    host = Host(final=figures(1, 1))
     run_action(args_for(workload), host, playbook_dir)
-    assert host.calls[0][1]["concurrency"] == 4
+    assert host.calls[0]["concurrency"] == 4
 
 
-# ---- the real module, in-process -----------------------------------------------------------
+# ---- the real module, each call a process of its own -------------------------------------------
 
 class Engine(BaseHTTPRequestHandler):
-    """Streams `max_tokens` content chunks 20 ms apart, with the stand-in's header and usage."""
+    """Streams `max_tokens` content chunks `server.delay` apart, with the stand-in's header and
+    usage; records each body and its bearer token."""
 
     def do_POST(self):
         body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-        self.server.received.append(body)
+        self.server.received.append((body, self.headers.get("Authorization")))
         self.send_response(200)
         self.send_header("Content-Type", "text/event-stream")
         self.send_header("x-biv100-simulated", "1")
         self.end_headers()
-        for number in range(body["max_tokens"]):
-            time.sleep(0.02)
-            self.event({"choices": [{"index": 0, "delta": {"content": f" t{number}"}}]})
-        self.event({"choices": [], "usage": {"prompt_tokens": 30, "completion_tokens": body["max_tokens"]}})
-        self.wfile.write(b"data: [DONE]\n\n")
+        try:
+            for number in range(body["max_tokens"]):
+                time.sleep(self.server.delay)
+                self.event({"choices": [{"index": 0, "delta": {"content": f" t{number}"}}]})
+            self.event({"choices": [], "usage": {"prompt_tokens": 30, "completion_tokens": body["max_tokens"]}})
+            self.wfile.write(b"data: [DONE]\n\n")
+        except (BrokenPipeError, ConnectionResetError):
+            pass  # a client stopped while it was answered (a stopped worker)
 
     def event(self, document):
         self.wfile.write(b"data: " + json.dumps(document).encode() + b"\n\n")
@@ -430,34 +443,92 @@ class Engine(BaseHTTPRequestHandler):
 
 
 @pytest.fixture
-def engine_url(loopback_server):
-    url, server = loopback_server(Engine)
-    server.received = []
-    return url, server.received
+def engine(loopback_server):
+    """engine(delay) -> (url, received): 8 chunks `delay` apart make one request of the workload."""
+
+    def start(delay):
+        url, server = loopback_server(Engine)
+        server.received, server.delay = [], delay
+        return url, server.received
+
+    return start
 
 
-def test_the_real_module_end_to_end(tmp_path, workload, playbook_dir, shown, engine_url, monkeypatch):
-    monkeypatch.setattr(bench_module, "PROGRESS_INTERVAL", 0.02)
-    url, received = engine_url
+@pytest.fixture
+def env_file(tmp_path):
+    path = tmp_path / "engine.env"
+    path.write_text(f"PYTHONPATH=/x\nVLLM_API_KEY={SECRET}\n")
+    return path
 
-    def live(module_args):
-        return bench_module.run_bench(dict(module_args))
 
-    host = Host(tmp_path / "host", live=live)
-    result = run_action(args_for(workload, url=url, poll_seconds=0.05), host, playbook_dir)
+def worker_gone(pid, seconds=5.0):
+    deadline = time.monotonic() + seconds
+    while os.path.exists(f"/proc/{pid}") and time.monotonic() < deadline:
+        with open(f"/proc/{pid}/stat") as stream:
+            if stream.read().rpartition(")")[2].split()[0] == "Z":
+                return True  # ended, waiting for init to reap it
+        time.sleep(0.02)
+    return not os.path.exists(f"/proc/{pid}")
+
+
+def test_the_real_module_end_to_end(tmp_path, workload, playbook_dir, shown, engine, env_file, module_process):
+    # A warm-up wave and three measured ones of about a second: the progress is rewritten every second.
+    url, received = engine(delay=0.12)
+    host = Host(module_process=module_process)
+    result = run_action(args_for(workload, url=url, poll_seconds=0.5, api_key_env_file=str(env_file)), host,
+                        playbook_dir)
 
     assert not result.get("failed"), result
     assert result["requests"] == {"ok": 6, "failed": 0} and result["warmup"] == {"ok": 1, "failed": 0}
     assert result["input_tokens"] == 6 * 30 and result["output_tokens"] == 6 * 8
-    assert result["simulated"] is True and result["gate"]["passed"] is False
+    assert result["simulated"] is True and result["gate"]["passed"] is False and result["changed"] is False
     assert re.fullmatch(r"score \d+ < 8000: output \d+ tok/s, input \d+ tok/s \[simulated\]", result["msg"])
-    # The engine got the workload's bodies, warm-up first.
-    assert received[0] == expand(load_workload(workload), "qwen3_5", 2)[0]
+    # The engine got the workload's bodies, warm-up first, with the key from the env file.
+    assert received[0][0] == expand(load_workload(workload), "qwen3_5", 2)[0]
+    assert {token for _body, token in received} == {f"Bearer {SECRET}"}
+    # The start returned while the worker measured: status calls followed it, one line each.
+    assert host.jobs()[0] == "start" and host.jobs()[-1] == "status" and "stop" not in host.jobs()
+    assert len(shown) == host.jobs().count("status") - 1 >= 1, shown
     progress = [line for line in shown if re.fullmatch(
-        rf"{HOST}: bench [1-6]/6 requests, [\d.]+ s, output \d+ tok/s, input \d+ tok/s \[simulated\]", line)]
+        rf"{HOST}: bench [0-6]/6 requests, [\d.]+ s, output \d+ tok/s, input \d+ tok/s \[simulated\]", line)]
     assert progress, shown
+    # The job's folder held the worker's lock, record and progress, never the key nor a request;
+    # it is gone, and so is the worker.
+    written = {name for files in host.job_files for name in files}
+    assert {"running", "worker.json", "progress.json"} <= written <= {"running", "worker.json", "progress.json",
+                                                                      "result.json"}, written
+    prompt = received[1][0]["messages"][-1]["content"][:40].encode()
+    assert not [name for files in host.job_files for name, data in files.items()
+                if SECRET.encode() in data or prompt in data]
+    assert not os.path.exists(host.started["job_dir"]) and worker_gone(host.started["pid"])
     document = json.loads((playbook_dir / "build" / "bench" / "sub510" / f"{HOST}.json").read_text())
     assert document["output_tokens"] == 48 and document["simulated"] is True and document["quality"] is None
+    assert SECRET not in json.dumps(result) and SECRET not in json.dumps(document)
+
+
+def test_a_follow_that_fails_stops_the_worker_and_removes_its_job(tmp_path, workload, playbook_dir, shown, engine,
+                                                                  module_process):
+    url, received = engine(delay=0.2)
+    # The start, one status call, then the connection is lost.
+    host = Host(module_process=module_process, fail_calls=(3,))
+    with pytest.raises(AnsibleConnectionFailure, match="connection lost"):
+        run_action(args_for(workload, url=url, poll_seconds=0.2), host, playbook_dir)
+    assert host.jobs() == ["start", "status", "status", "stop"]
+    assert worker_gone(host.started["pid"]) and not os.path.exists(host.started["job_dir"])
+    assert len(received) < 7 and not (playbook_dir / "build").exists()
+
+
+def test_a_worker_that_cannot_be_stopped_is_named_in_a_warning(tmp_path, workload, playbook_dir, shown,
+                                                               monkeypatch):
+    warned = []
+    monkeypatch.setattr(bench_action.display, "warning", lambda message, *args, **kwargs: warned.append(message))
+    # The second status call fails, and so does the stop after it: the task fails for the first reason.
+    host = Host(final=figures(1, 1), steps=[measuring(1, 6, 0.5, 100, 200)] * 3, fail_calls=(3, 4))
+    with pytest.raises(AnsibleConnectionFailure):
+        run_action(args_for(workload), host, playbook_dir)
+    assert host.jobs() == ["start", "status", "status", "stop"]
+    assert warned == [f"{HOST}: the benchmark worker 4242 in /tmp/biv100-engine-bench-c4nn3d could not be stopped: "
+                      "ssh: connection lost"], warned
 
 
 def test_a_release_that_is_a_path_is_refused(tmp_path, workload, playbook_dir):

@@ -14,6 +14,7 @@ import copy
 import hashlib
 import json
 import os
+import subprocess
 import sys
 import textwrap
 from pathlib import Path
@@ -26,6 +27,8 @@ from ansible.module_utils import _internal as module_utils_internal
 from ansible.module_utils.common import warnings
 from ansible.module_utils.testing import patch_module_args
 from ansible.parsing.dataloader import DataLoader
+
+from host_tree import SYSTEM_PYTHON
 
 from ansible_collections.biv100.serving.plugins.action import serving_overlay as overlay_action
 from ansible_collections.biv100.serving.plugins.modules import serving_overlay as overlay_module
@@ -242,22 +245,34 @@ def hostile_syntax(payload):
     return "entrypoints/openai/broken.py line 1"
 
 
+# The host here is a lab host's Python (Debian's python3), whichever Python runs the controller.
+HOST_PYTHON = SYSTEM_PYTHON
+HOST_VERSION = tuple(int(part) for part in subprocess.run(
+    [HOST_PYTHON, "-c", "import sys; print(*sys.version_info[:2])"], capture_output=True, text=True,
+    check=True).stdout.split())
+# A statement the next Python after each is the first to compile.
+NEWER_THAN = {
+    (3, 11): "type Choices = list[str]\n",  # PEP 695
+    (3, 12): "type Pair[T = int] = tuple[T, T]\n",  # PEP 696
+    (3, 13): "try:\n    pass\nexcept ValueError, TypeError:\n    pass\n",  # PEP 758
+}
+
+
 def hostile_too_new(payload):
-    # PEP 695 type aliases need Python 3.12; the host's interpreter is 3.11.
-    overlay(payload, "newer", "entrypoints/openai/newer.py", "type Choices = list[str]\n")
+    overlay(payload, "newer", "entrypoints/openai/newer.py", NEWER_THAN[HOST_VERSION])
     return "entrypoints/openai/newer.py line 1"
 
 
-@pytest.mark.skipif(sys.version_info >= (3, 12), reason="the host's interpreter must be older than 3.12")
 @pytest.mark.parametrize("make_hostile", [hostile_syntax, hostile_too_new],
                          ids=lambda make: make.__name__.removeprefix("hostile_"))
 def test_a_payload_file_the_hosts_interpreter_cannot_compile_is_refused_and_nothing_changes(
         deployed, payload, run_action, make_hostile):
+    deployed.facts["interpreter"] = HOST_PYTHON
     expected = make_hostile(payload)
     before = snapshot(deployed)
     result = run_action(deploy_args(deployed, payload, release="sub666"))
     assert result["failed"], result
-    assert f"payload files do not compile with {sys.executable}: {expected}" in result["msg"], result["msg"]
+    assert f"payload files do not compile with {HOST_PYTHON}: {expected}" in result["msg"], result["msg"]
     # Only the host's own interpreter judges the file: the present call carried no compiled digest.
     assert states(deployed) == ["inventory", "present"]
     assert deployed.calls[-1]["_compiled"] == []

@@ -1,21 +1,32 @@
-"""biv100.serving.engine_bench run in-process against a small streaming engine in the test: the
-figures come from the server's usage and the chunks' arrival, warm-up stays out, concurrency
-holds, the simulated header is reported, failures are named, the progress file is kept."""
+"""biv100.serving.engine_bench against a small streaming engine in the test: the figures come from
+the server's usage and the chunks' arrival, warm-up stays out, concurrency holds, the simulated
+header is reported, failures are named, the progress file is kept (the module run in-process);
+and the worker that _job start leaves detaches from the module's process, status calls follow
+its progress to its result, stop ends it, and its folder never holds the key or the requests
+(each call a process of its own, as on a host)."""
 
 from __future__ import annotations
 
 import json
+import os
+import signal
+import stat
 import threading
 import time
+from pathlib import Path
 
 import pytest
+from ansible.module_utils.common.parameters import PASS_VARS
 from gates_defaults import WEIGHTS
-
 from json_engine import JsonEngine
 
+from ansible_collections.biv100.serving.plugins.module_utils import _bench_job
 from ansible_collections.biv100.serving.plugins.modules import engine_bench
 
 SECRET = "sk-biv100-bench-5e6f7a81"
+# What Ansible passes a module when the task asks for its invocation back: ansible-core 2.21
+# returns it only then (2.19 always does), so the tests ask, to check it on both lines.
+WITH_INVOCATION = {"_ansible_inject_invocation": True} if "inject_invocation" in PASS_VARS else {}
 
 
 class Engine(JsonEngine):
@@ -36,6 +47,8 @@ class Engine(JsonEngine):
         self.body, self.left = body, False
         try:
             self.answer(body, state)
+        except (BrokenPipeError, ConnectionResetError):
+            pass  # a client stopped while it was answered (a stopped worker)
         finally:
             self.leave()
 
@@ -118,7 +131,8 @@ def test_the_figures_are_the_servers_counts_over_the_measured_requests(engine, r
     requests = [chat("warm-%d" % n, max_tokens=50, x_prompt_tokens=90000) for n in range(2)]
     requests += [chat("measured-%d" % n, max_tokens=5, x_prompt_tokens=1000 + n) for n in range(6)]
     failed, result = run_module(engine_bench, bench_args(url, requests, warmup=2,
-                                                         progress_file=str(tmp_path / "progress.json")))
+                                                         progress_file=str(tmp_path / "progress.json"),
+                                                         **WITH_INVOCATION))
 
     assert not failed, result
     assert result["requests"] == {"ok": 6, "failed": 0} and result["warmup"] == {"ok": 2, "failed": 0}
@@ -301,15 +315,16 @@ def test_what_cannot_be_measured_is_refused_before_any_request(engine, run_modul
     assert state["received"] == []
 
 
-@pytest.mark.parametrize("weights, missing", [(None, "weights"), ({"output": 1.0}, "input")])
-def test_the_weights_have_no_default_of_their_own(engine, run_module, weights, missing):
+@pytest.mark.parametrize("weights, message", [(None, "weights is required to measure"),
+                                              ({"output": 1.0}, "missing required arguments: input")])
+def test_the_weights_have_no_default_of_their_own(engine, run_module, weights, message):
     # The competition's are the gates role's to pass (gates_competition).
     url, state = engine()
     args = bench_args(url, [chat("a")], weights=weights)
     if weights is None:
         del args["weights"]
     failed, result = run_module(engine_bench, args)
-    assert failed and f"missing required arguments: {missing}" in result["msg"], result["msg"]
+    assert failed and message in result["msg"], result["msg"]
     assert state["received"] == []
 
 
@@ -317,3 +332,123 @@ def test_a_workload_is_the_actions_to_expand(run_module):
     failed, result = run_module(engine_bench, {"served_model_name": "qwen3_5", "workload": "default",
                                                "weights": WEIGHTS})
     assert failed and "action plugin" in result["msg"]
+
+
+# ---- the detached worker: _job start, status and stop, each call a process of its own ---------
+
+MODULE = "ansible_collections.biv100.serving.plugins.modules.engine_bench"
+
+
+def job_files(job_dir):
+    """{name: content} of the job's folder now (a file may go between the listing and the read)."""
+    found = {}
+    for path in job_dir.iterdir() if job_dir.exists() else ():
+        try:
+            found[path.name] = path.read_text()
+        except FileNotFoundError:
+            pass
+    return found
+
+
+def alive(pid):
+    """Whether pid runs (a zombie, ended but not yet reaped by init, does not)."""
+    try:
+        with open("/proc/%d/stat" % pid) as stream:
+            return stream.read().rpartition(")")[2].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def gone(pid, seconds=5.0):
+    deadline = time.monotonic() + seconds
+    while alive(pid) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    return not alive(pid)
+
+
+def test_a_started_worker_detaches_and_status_calls_follow_it_to_its_result(engine, module_process, tmp_path):
+    url, state = engine(delay=0.05)
+    env_file = tmp_path / "engine.env"
+    env_file.write_text("VLLM_API_KEY=%s\n" % SECRET)
+    requests = [chat("measured-%d" % n, max_tokens=5) for n in range(8)]
+    args = dict(bench_args(url, requests, concurrency=1), api_key_env_file=str(env_file))
+    # In check mode too: the requests change nothing but the engine's caches.
+    failed, started = module_process(MODULE, dict(args, _job="start", _ansible_check_mode=True, **WITH_INVOCATION))
+    assert not failed, started
+    job_dir, pid = Path(started["job_dir"]), started["pid"]
+    assert started["changed"] is False and started["invocation"]["module_args"]["requests"] == "8 request bodies"
+
+    # The module's process has ended and its output closed (module_process read it to its end)
+    # while the worker still measures, in a session of its own, holding nothing of the module's.
+    assert alive(pid) and len(state["received"]) < len(requests)
+    assert os.getsid(pid) != os.getsid(0)
+    assert [os.readlink("/proc/%d/fd/%d" % (pid, fd)) for fd in (0, 1, 2)] == [os.devnull] * 3
+    held = [os.readlink("/proc/%d/fd/%s" % (pid, fd)) for fd in os.listdir("/proc/%d/fd" % pid)]
+    assert not [target for target in held if target.startswith("pipe:")], held
+    assert job_dir.parent == tmp_path  # the host's temporary folder (TMPDIR)
+    assert stat.S_IMODE(job_dir.stat().st_mode) == 0o700 and job_dir.stat().st_uid == os.geteuid()
+
+    seen, snapshots, result = [], [], None
+    for _poll in range(100):
+        snapshots.append(job_files(job_dir))
+        failed, result = module_process(MODULE, {"served_model_name": "qwen3_5", "_job": "status",
+                                                 "_job_dir": str(job_dir), "_job_wait": 0.2})
+        assert not failed, result
+        if result["finished"]:
+            break
+        assert result["changed"] is False
+        seen.append(result["progress"])
+    assert result["finished"] is True
+    # The run so far, as it went; then the result, as a call of the module without _job gives it.
+    counts = [item["requests"]["done"] for item in seen if item and item["phase"] == "measuring"]
+    assert counts and counts == sorted(counts) and counts[0] < len(requests), seen
+    assert result["requests"] == {"ok": 8, "failed": 0} and result["output_tokens"] == 40
+    assert result["changed"] is False and result["concurrency"] == 1 and result["progress_error"] is None
+    assert [item["authorization"] for item in state["received"]] == ["Bearer " + SECRET] * 8
+    # The key and the request bodies were never on disk; the folder went with the result.
+    assert snapshots and all(SECRET not in text and "measured-" not in text
+                             for files in snapshots for text in files.values()), snapshots
+    assert {name for files in snapshots for name in files} >= {"running", "worker.json", "progress.json"}
+    assert SECRET not in json.dumps(result)
+    assert not job_dir.exists() and gone(pid)
+
+
+def test_stop_ends_a_running_worker_and_removes_its_folder(engine, module_process):
+    url, state = engine(delay=0.2)
+    failed, started = module_process(MODULE, dict(bench_args(url, [chat("slow-%d" % n) for n in range(20)]),
+                                                  _job="start"))
+    assert not failed, started
+    job = {"served_model_name": "qwen3_5", "_job_dir": started["job_dir"]}
+    failed, stopped = module_process(MODULE, dict(job, _job="stop"))
+    assert not failed and stopped["stopped"] is True and stopped["changed"] is True
+    assert gone(started["pid"]) and not os.path.exists(started["job_dir"])
+    assert len(state["received"]) < 20
+    # A job already gone is nothing to stop.
+    failed, again = module_process(MODULE, dict(job, _job="stop"))
+    assert not failed and again["stopped"] is False and again["changed"] is False
+
+
+def test_a_worker_killed_before_its_result_is_reported_and_its_folder_removed(engine, module_process):
+    url, _state = engine(delay=0.2)
+    failed, started = module_process(MODULE, dict(bench_args(url, [chat("slow-%d" % n) for n in range(20)]),
+                                                  _job="start"))
+    assert not failed, started
+    os.kill(started["pid"], signal.SIGKILL)
+    assert gone(started["pid"])
+    failed, result = module_process(MODULE, {"served_model_name": "qwen3_5", "_job": "status",
+                                             "_job_dir": started["job_dir"], "_job_wait": 0})
+    assert failed and result["finished"] is True
+    assert result["msg"] == "the benchmark worker (pid %d) ended without a result" % started["pid"]
+    assert not os.path.exists(started["job_dir"])
+
+
+def test_a_folder_that_is_not_a_job_of_this_user_is_refused_and_left_alone(module_process, tmp_path):
+    shared = tmp_path / (_bench_job.JOB_PREFIX + "shared")
+    shared.mkdir(mode=0o755)
+    (shared / "keep").write_text("x")
+    for job_dir, message in ((str(tmp_path), "is not the folder of an engine_bench job"),
+                             (str(shared), "is not a private folder of this user's")):
+        for call in ("status", "stop"):
+            failed, result = module_process(MODULE, {"served_model_name": "m", "_job": call, "_job_dir": job_dir})
+            assert failed and message in result["msg"], result
+    assert (shared / "keep").read_text() == "x"
