@@ -20,6 +20,7 @@ import os
 import posixpath
 import time
 
+from ansible import constants as C
 from ansible.errors import AnsibleActionFail
 from ansible.plugins.action import ActionBase
 from ansible.utils.display import Display
@@ -27,12 +28,14 @@ from ansible.utils.display import Display
 from ansible_collections.biv100.serving.plugins.module_utils import _bench_options
 from ansible_collections.biv100.serving.plugins.module_utils._bench_options import MUTUALLY_EXCLUSIVE, REQUIRED_ONE_OF
 from ansible_collections.biv100.serving.plugins.module_utils._state_store import utc_timestamp
+from ansible_collections.biv100.serving.plugins.plugin_utils._atomic_file import write_atomic
 from ansible_collections.biv100.serving.plugins.plugin_utils._bench_workload import (
     WorkloadError,
     expand,
     load_workload,
     workload_path,
 )
+from ansible_collections.biv100.serving.plugins.plugin_utils._project_folder import project_root
 
 display = Display()
 
@@ -141,8 +144,9 @@ class ActionModule(ActionBase):
         result["changed"] = False
         result["results_file"] = None
         if args["release"] and not self._task.check_mode:
-            folder = args["results_dir"] or os.path.join(self._loader.get_basedir(), "build", "bench")
-            path = os.path.join(self._loader.path_dwim(folder), args["release"], f"{label}.json")
+            # A relative folder is the project's (where ansible.cfg is), never the collection's.
+            folder = project_root(C.CONFIG_FILE) / (args["results_dir"] or os.path.join("build", "bench"))
+            path = str(folder / args["release"] / f"{label}.json")
             write_results(path, results_document(verdict, answer, args))
             result["results_file"] = path
         return result
@@ -330,11 +334,4 @@ def write_results(path: str, document: dict) -> None:
             document["quality"] = earlier["quality"]
     except (OSError, ValueError):
         pass
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    staged = os.path.join(os.path.dirname(path), f".{os.path.basename(path)}.{os.getpid()}")
-    with open(staged, "w", encoding="utf-8") as stream:
-        json.dump(document, stream, indent=1, sort_keys=True)
-        stream.write("\n")
-        stream.flush()
-        os.fsync(stream.fileno())
-    os.replace(staged, path)
+    write_atomic(path, json.dumps(document, indent=1, sort_keys=True) + "\n")

@@ -162,8 +162,9 @@ options:
   results_dir:
     description:
       - The folder on the controller of the results files, C(<results_dir>/<release>/<inventory_hostname>.json),
-        each written whole or not at all; a relative path is found beside the playbook.
-      - Default C(build/bench) beside the playbook.
+        each written whole or not at all.
+      - A relative path is under the project folder, where the C(ansible.cfg) in use is (the
+        current folder without one), never inside the collection. Default C(build/bench).
       - Read by the action.
     type: path
   instance:
@@ -424,7 +425,6 @@ results_file:
 
 import json
 import os
-import tempfile
 import threading
 import time
 from urllib.parse import urlsplit
@@ -446,6 +446,7 @@ from ansible_collections.biv100.serving.plugins.module_utils._engine_http import
     EngineHttpError,
 )
 from ansible_collections.biv100.serving.plugins.module_utils._env_file import read_env_file
+from ansible_collections.biv100.serving.plugins.module_utils._state_store import atomic_write
 
 CHAT_PATH = "/v1/chat/completions"
 SIMULATED_HEADER = "x-biv100-simulated"
@@ -641,23 +642,12 @@ class Progress(object):
             }
 
     def write(self):
-        """A whole new file renamed over the old one, so that a reader never sees a part."""
-        data = json.dumps(self.document()).encode("utf-8")
-        directory = os.path.dirname(self.path) or "."
-        staged = None
+        """Whole or not at all (the state store's atomic write), so that a reader never sees a part."""
         try:
-            fd, staged = tempfile.mkstemp(prefix="." + os.path.basename(self.path) + ".", dir=directory)
-            with os.fdopen(fd, "wb") as stream:
-                stream.write(data)
-            os.chmod(staged, 0o644)
-            os.replace(staged, self.path)
-            staged = None
+            atomic_write(self.path, json.dumps(self.document()).encode("utf-8"))
         except OSError as error:
             # The progress is for people watching; the measurement goes on without it.
             self.error = self.error or "%s: %s" % (self.path, error)
-        finally:
-            if staged is not None and os.path.exists(staged):
-                os.unlink(staged)
 
 
 class Jobs(object):

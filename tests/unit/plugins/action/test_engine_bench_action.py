@@ -120,9 +120,12 @@ def shown(monkeypatch):
 
 
 @pytest.fixture
-def playbook_dir(tmp_path):
+def playbook_dir(tmp_path, monkeypatch):
+    """The project folder, where ansible.cfg is: the results go under it."""
     folder = tmp_path / "playbooks"
     folder.mkdir()
+    (folder / "ansible.cfg").write_text("[defaults]\n")
+    monkeypatch.setattr(bench_action.C, "CONFIG_FILE", str(folder / "ansible.cfg"))
     return folder
 
 
@@ -334,7 +337,7 @@ def test_a_quality_verdict_given_is_recorded_without_the_task_results_keys(tmp_p
     assert "quality" not in result
 
 
-def test_a_relative_results_dir_is_beside_the_playbook(tmp_path, workload, playbook_dir, shown):
+def test_a_relative_results_dir_is_under_the_project_folder(tmp_path, workload, playbook_dir, shown):
     host = Host(final=figures(5900, 20100))
     result = run_action(args_for(workload, results_dir="out"), host, playbook_dir)
     assert result["results_file"] == str(playbook_dir / "out" / "sub510" / f"{HOST}.json")

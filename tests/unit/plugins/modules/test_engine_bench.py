@@ -226,10 +226,11 @@ def test_the_progress_file_is_rewritten_while_the_run_goes(engine, run_module, t
 
 def test_an_unwritable_progress_file_does_not_stop_the_measurement(engine, run_module, tmp_path):
     url, _state = engine()
+    (tmp_path / "a-file").write_text("not a folder\n")
     failed, result = run_module(engine_bench, bench_args(
-        url, [chat("a"), chat("b")], progress_file=str(tmp_path / "missing" / "progress.json")))
+        url, [chat("a"), chat("b")], progress_file=str(tmp_path / "a-file" / "progress.json")))
     assert not failed and result["requests"]["ok"] == 2
-    assert "missing/progress.json" in result["progress_error"]
+    assert "a-file/progress.json" in result["progress_error"]
 
 
 def test_with_a_duration_the_requests_are_sent_pass_after_pass_until_it_is_up(engine, run_module):
