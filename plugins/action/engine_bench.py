@@ -7,9 +7,9 @@ The workload is expanded into request bodies here (a bad workload fails before a
 sent). One call of the module starts the measurement as a worker detached from it on the host;
 each call after waits there up to poll_seconds for the worker to end and otherwise answers the
 run so far, which is shown as one line; the call that finds it ended brings its result back and
-removes the job's folder. Should the following fail (a lost connection, the time limit, an
-interrupt), a last call stops the worker. The gate's verdict is data: the task fails only when
-the module failed or more than max_failed_fraction of the measured requests did.
+removes the job's folder. Should following the worker fail (a lost connection, the time limit,
+an interrupt), a last call stops it. The gate's verdict is data: the task fails only when the
+module failed or more than max_failed_fraction of the measured requests did.
 """
 
 from __future__ import annotations
