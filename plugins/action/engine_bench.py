@@ -158,7 +158,9 @@ class ActionModule(ActionBase):
         if started.get("failed"):
             return started
         # served_model_name: the one option the module always requires.
-        job = {"_job_dir": started["job_dir"], "served_model_name": module_args["served_model_name"]}
+        # The options every call requires; the calls that follow the job measure nothing.
+        job = {"_job_dir": started["job_dir"], "served_model_name": module_args["served_model_name"],
+               "weights": module_args["weights"]}
         limit = time_limit(module_args)
         deadline = time.monotonic() + limit
         # The first line after a second at most; a run shorter than that needs none.

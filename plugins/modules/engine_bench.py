@@ -772,12 +772,9 @@ def follow(module):
 
 
 def main():
-    spec = argument_spec()
-    # The calls that follow a job measure nothing: the weights are those of its start, checked below.
-    spec["weights"]["required"] = False
     module = AnsibleModule(
         argument_spec=dict(
-            spec,
+            argument_spec(),
             # What the action tells the host half (as ansible.builtin.copy's _original_basename):
             # start the measurement as a detached worker (start), or follow the worker that
             # start left in _job_dir (status, waiting up to _job_wait seconds for it to end), or
@@ -801,8 +798,6 @@ def main():
                              "run it as a task, which sends the host half the requests")
     params["concurrency"] = params["concurrency"] or params["max_num_seqs"]
     problems = []
-    if not params["weights"]:
-        problems.append("weights is required to measure (the gates role passes the competition's)")
     if not params["requests"]:
         problems.append("requests is empty")
     if not params["concurrency"] or params["concurrency"] < 1:

@@ -194,7 +194,7 @@ def test_a_passed_gate_the_progress_lines_and_the_results_file(tmp_path, workloa
     # first call waits on the host a second at most, the others poll_seconds.
     assert host.jobs() == ["start", "status", "status", "status", "status"]
     assert [call["_job_wait"] for call in host.calls[1:]] == [1.0, 2, 2, 2]
-    assert all(set(call) == {"_job", "_job_dir", "_job_wait", "served_model_name"} for call in host.calls[1:])
+    assert all(set(call) == {"_job", "_job_dir", "_job_wait", "served_model_name", "weights"} for call in host.calls[1:])
     path = playbook_dir / "build" / "bench" / "sub510" / f"{HOST}.json"
     assert result["results_file"] == str(path)
     document = json.loads(path.read_text())

@@ -271,6 +271,8 @@ def test_a_table_row_says_where_a_host_was_lost(tmp_path):
 # --- where the ledger lives: outside the inventory folder -----------------------------------
 
 REPO = Path(__file__).resolve().parents[4]
+
+
 def test_the_ledger_is_at_the_project_root_in_a_folder_named_after_the_fleet(tmp_path, monkeypatch):
     (tmp_path / "inventory" / "biv100").mkdir(parents=True)
     (tmp_path / "inventory" / "biv100" / "hosts.yml").write_text("all: {}\n")

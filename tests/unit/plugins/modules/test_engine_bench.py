@@ -316,7 +316,7 @@ def test_what_cannot_be_measured_is_refused_before_any_request(engine, run_modul
     assert state["received"] == []
 
 
-@pytest.mark.parametrize("weights, message", [(None, "weights is required to measure"),
+@pytest.mark.parametrize("weights, message", [(None, "missing required arguments: weights"),
                                               ({"output": 1.0}, "missing required arguments: input")])
 def test_the_weights_have_no_default_of_their_own(engine, run_module, weights, message):
     # The competition's are the gates role's to pass (gates_competition).
@@ -392,7 +392,7 @@ def test_a_started_worker_detaches_and_status_calls_follow_it_to_its_result(engi
     seen, snapshots, result = [], [], None
     for _poll in range(100):
         snapshots.append(job_files(job_dir))
-        failed, result = module_process(MODULE, {"served_model_name": "qwen3_5", "_job": "status",
+        failed, result = module_process(MODULE, {"served_model_name": "qwen3_5", "weights": WEIGHTS, "_job": "status",
                                                  "_job_dir": str(job_dir), "_job_wait": 0.2})
         assert not failed, result
         if result["finished"]:
@@ -419,7 +419,7 @@ def test_stop_ends_a_running_worker_and_removes_its_folder(engine, module_proces
     failed, started = module_process(MODULE, dict(bench_args(url, [chat("slow-%d" % n) for n in range(20)]),
                                                   _job="start"))
     assert not failed, started
-    job = {"served_model_name": "qwen3_5", "_job_dir": started["job_dir"]}
+    job = {"served_model_name": "qwen3_5", "weights": WEIGHTS, "_job_dir": started["job_dir"]}
     failed, stopped = module_process(MODULE, dict(job, _job="stop"))
     assert not failed and stopped["stopped"] is True and stopped["changed"] is True
     assert gone(started["pid"]) and not os.path.exists(started["job_dir"])
@@ -436,7 +436,7 @@ def test_a_worker_killed_before_its_result_is_reported_and_its_folder_removed(en
     assert not failed, started
     os.kill(started["pid"], signal.SIGKILL)
     assert gone(started["pid"])
-    failed, result = module_process(MODULE, {"served_model_name": "qwen3_5", "_job": "status",
+    failed, result = module_process(MODULE, {"served_model_name": "qwen3_5", "weights": WEIGHTS, "_job": "status",
                                              "_job_dir": started["job_dir"], "_job_wait": 0})
     assert failed and result["finished"] is True
     assert result["msg"] == "the benchmark worker (pid %d) ended without a result" % started["pid"]
@@ -450,6 +450,7 @@ def test_a_folder_that_is_not_a_job_of_this_user_is_refused_and_left_alone(modul
     for job_dir, message in ((str(tmp_path), "is not the folder of an engine_bench job"),
                              (str(shared), "is not a private folder of this user's")):
         for call in ("status", "stop"):
-            failed, result = module_process(MODULE, {"served_model_name": "m", "_job": call, "_job_dir": job_dir})
+            failed, result = module_process(MODULE, {"served_model_name": "m", "weights": WEIGHTS, "_job": call,
+                                                     "_job_dir": job_dir})
             assert failed and message in result["msg"], result
     assert (shared / "keep").read_text() == "x"
