@@ -27,7 +27,7 @@ from playbook_runs import ONE_BATCH, run_playbook, start_playbook
 pytestmark = pytest.mark.lab
 
 DEPLOY = "deploy.yml"
-INSTANCES = [{"name": "vllm-1"}, {"name": "vllm-2"}]
+INSTANCES = ({"name": "vllm-1"}, {"name": "vllm-2"})
 
 
 def on_eight(lab, instances=INSTANCES) -> dict:
