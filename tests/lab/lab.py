@@ -313,7 +313,7 @@ def up(n_hosts: int = DEFAULT_HOSTS, gpus: dict[str, int] | None = None,
     gpu_counts = _gpu_counts(n_hosts, gpus or {})
     with machine_lock():
         built_as = _built_lab_id(layout) or asked
-        for owned in dict.fromkeys((asked, built_as)):
+        for owned in (asked, built_as):
             _refuse_lab_owned_elsewhere(layout, owned)
         if not rebuild:
             existing = _healthy_lab_or_none(layout)
