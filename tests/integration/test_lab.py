@@ -356,7 +356,7 @@ def test_a_second_lab_dir_is_refused_its_lab_id_while_this_lab_is_up(lab, tmp_pa
 
 
 def reaches(lab: testlab.Lab, host: testlab.LabHost, ip: str) -> subprocess.CompletedProcess:
-    """Whether `host` opens a TCP connection to ip:22, asked on the host itself."""
+    """`host`'s own attempt to open a TCP connection to ip:22: exit 0 if it could."""
     connect = f"import socket; socket.create_connection(('{ip}', 22), timeout=2)"
     return ssh(lab, host, f'{host.interpreter} -c "{connect}"', check=False)
 
