@@ -45,7 +45,7 @@ deploy: setup lab-up
 ## Every test: unit (with the host-Python 3.8 check), lint, lab integration, molecule, and on
 ## ansible-core 2.21 the unit tests, sanity and one lab cycle. The unit tests and the linters of
 ## both lines run beside the lab's integration tests, at a lower priority: the integration tests
-## mostly wait on ssh and on engines, and keep the CPU first when they need it. Their output is
+## are the longest part and keep the CPU first when they need it. Their output is
 ## kept in build/test/checks.log and shown once both sides ended; either side failing fails the
 ## target, and each side runs all its steps whatever one of them found. The 2.21 lab cycle
 ## follows the integration tests (one lab at a time); molecule, which builds a lab too, runs after.
