@@ -82,11 +82,12 @@ class ActionModule(ActionBase):
             mutually_exclusive=MUTUALLY_EXCLUSIVE,
         )
         host = task_vars.get("inventory_hostname", "?")
-        instance = args["instance"]
-        if instance is not None and (not instance or "/" in instance or instance.startswith(".")):
-            raise AnsibleActionFail(f"instance must be a plain name such as vllm-1, got {instance!r}")
         # How the progress, the messages and the results name the engine measured.
-        label = f"{host}/{instance}" if instance else host
+        label = args["label"] or host
+        name = label[len(host) + 1:] if label.startswith(f"{host}/") else None
+        if label != host and (not name or "/" in name or name.startswith(".")):
+            raise AnsibleActionFail(f"label must be {host} or {host}/<instance> (a plain name such as vllm-1), "
+                                    f"got {label!r}")
         if args["api_key"]:
             # Without pipelining, Ansible writes each module call, its arguments with it, to the host.
             raise AnsibleActionFail("engine_bench takes no key in its arguments, which Ansible may write to a file "

@@ -46,7 +46,7 @@ def argument_spec():
         max_failed_fraction=dict(type="float", default=0.05),
         release=dict(type="str"),
         results_dir=dict(type="path"),
-        instance=dict(type="str"),
+        label=dict(type="str"),
         compare_with=dict(type="dict", options=dict(
             release=dict(type="str", required=True),
             figures=dict(type="dict", required=True),

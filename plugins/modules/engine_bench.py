@@ -167,11 +167,13 @@ options:
         current folder without one), never inside the collection. Default C(build/bench).
       - Read by the action.
     type: path
-  instance:
+  label:
     description:
-      - The engine instance measured, on a host that runs several; the progress and the messages
-        then name C(<inventory_hostname>/<instance>), and the figures go to
-        C(<results_dir>/<release>/<inventory_hostname>/<instance>.json).
+      - How the progress, the messages and the results file name the engine measured - the
+        engine instance's label, C(<inventory_hostname>) for a host of one engine,
+        C(<inventory_hostname>/<instance>) for one of several; the figures go to
+        C(<results_dir>/<release>/<label>.json).
+      - Default C(inventory_hostname).
       - Read by the action.
     type: str
     version_added: 0.2.0

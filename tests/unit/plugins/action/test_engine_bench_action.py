@@ -343,6 +343,19 @@ def test_a_relative_results_dir_is_under_the_project_folder(tmp_path, workload, 
     assert result["results_file"] == str(playbook_dir / "out" / "sub510" / f"{HOST}.json")
 
 
+def test_an_instance_of_a_host_of_several_is_named_by_its_label(tmp_path, workload, playbook_dir, shown):
+    host = Host(final=figures(5900, 20100))
+    result = run_action(args_for(workload, label=f"{HOST}/vllm-2"), host, playbook_dir)
+    assert result["results_file"] == str(playbook_dir / "build" / "bench" / "sub510" / HOST / "vllm-2.json")
+    assert all(line.startswith(f"{HOST}/vllm-2: ") for line in shown)
+
+
+@pytest.mark.parametrize("label", ["lab-h2/vllm-1", f"{HOST}/", f"{HOST}/a/b", f"{HOST}/.hidden"])
+def test_a_label_of_another_host_or_not_a_plain_instance_is_refused(workload, playbook_dir, label):
+    with pytest.raises(AnsibleActionFail, match="label must be lab-h1 or lab-h1/<instance>"):
+        run_action(args_for(workload, label=label), Host(final=figures(5900, 20100)), playbook_dir)
+
+
 def test_without_release_no_file_is_written(tmp_path, workload, playbook_dir, shown):
     args = args_for(workload)
     del args["release"]
