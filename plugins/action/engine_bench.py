@@ -158,7 +158,6 @@ class ActionModule(ActionBase):
         started = self._execute_module(MODULE, module_args=dict(module_args, _job="start"), task_vars=task_vars)
         if started.get("failed"):
             return started
-        # served_model_name: the one option the module always requires.
         # The options every call requires; the calls that follow the job measure nothing.
         job = {"_job_dir": started["job_dir"], "served_model_name": module_args["served_model_name"],
                "weights": module_args["weights"]}

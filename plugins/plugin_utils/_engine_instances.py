@@ -88,39 +88,34 @@ def _complete(instance: dict, engine: dict) -> dict:
     """The instance with what the phases derive from its settings: URL, command line,
     environment, the release record and the platform's run file."""
     settings = instance.pop("settings")
+    # A key given as an argument or a variable reaches no command line, record or run file: the
+    # problems name it instead.
+    args = {key: value for key, value in settings["args"].items() if key != "api_key"}
+    env = {key: value for key, value in settings["env"].items() if key != SECRET_ENV}
     launch = {"model": engine["model_path"], "served_model_name": engine["served_model_name"],
               "host": engine["host"], "port": instance["port"]}
-    full_args = {**settings["args"], **launch, "enable_auto_tool_choice": True,
+    full_args = {**args, **launch, "enable_auto_tool_choice": True,
                  "tool_call_parser": engine["tool_call_parser"], "reasoning_parser": engine["reasoning_parser"]}
     platform_env = {"PYTORCH_CUDA_ALLOC_CONF": allocator_conf(settings["allocator"]),
                     **({"VLLM_ALLOW_LONG_MAX_MODEL_LEN": "1"} if settings["allow_long_max_model_len"] else {}),
-                    **settings["env"]}
-    secret_problems = _secret_problems(settings)
-    platform_run = None
-    if not secret_problems:
-        document = computility_run(
-            {key: value for key, value in full_args.items() if key not in LAUNCH}, platform_env,
-            model_path=engine["model_path"], served_model_name=engine["served_model_name"],
-            port=instance["port"], host=engine["host"],
-            secret_env=[SECRET_ENV] if engine["api_key_set"] else [])
-        platform_run = yaml.dump(document, Dumper=AnsibleDumper, indent=2, allow_unicode=True,
-                                 default_flow_style=False, sort_keys=False)
+                    **env}
+    document = computility_run(
+        {key: value for key, value in full_args.items() if key not in LAUNCH}, platform_env,
+        model_path=engine["model_path"], served_model_name=engine["served_model_name"],
+        port=instance["port"], host=engine["host"], secret_env=[SECRET_ENV] if engine["api_key_set"] else [])
     return {
         **instance,
         "url": f"http://127.0.0.1:{instance['port']}",
         "served_model_name": engine["served_model_name"],
-        # A key given as an argument never reaches a command line: the problems name it instead.
-        "command": list(engine["command"]) + engine_cli_args(
-            {key: value for key, value in full_args.items() if key != "api_key"}),
-        "env": {**{key: value for key, value in platform_env.items() if key != SECRET_ENV},
-                "CUDA_VISIBLE_DEVICES": instance["gpus"]},
+        "command": list(engine["command"]) + engine_cli_args(full_args),
+        "env": {**platform_env, "CUDA_VISIBLE_DEVICES": instance["gpus"]},
         # Whether the engine requires a key, never the key: a release record says it was
         # proven with one, and a restored engine takes the current one.
-        "record": {**settings, "args": {key: value for key, value in settings["args"].items() if key != "api_key"},
-                   "env": {key: value for key, value in settings["env"].items() if key != SECRET_ENV},
-                   "api_key_set": bool(engine["api_key_set"]), "platform_run": platform_run},
-        "full_args": {key: value for key, value in full_args.items() if key != "api_key"},
-        "problems": secret_problems,
+        "record": {**settings, "args": args, "env": env, "api_key_set": bool(engine["api_key_set"]),
+                   "platform_run": yaml.dump(document, Dumper=AnsibleDumper, indent=2, allow_unicode=True,
+                                             default_flow_style=False, sort_keys=False)},
+        "full_args": full_args,
+        "problems": _secret_problems(settings),
     }
 
 
@@ -171,7 +166,7 @@ def _argument_problems(instance: dict, gpus: dict | None, vllm: dict | None) -> 
     model = (vllm or {}).get("model") or {}
     return engine_args_problems(
         instance["full_args"],
-        gpus_free=len((gpus or {}).get("free", [])) if gpus is not None else None,
+        gpus_free=len(gpus["free"]) if gpus is not None else None,
         max_position_embeddings=model.get("max_position_embeddings"),
         allow_long_max_model_len=instance["record"]["allow_long_max_model_len"],
         known_flags=((vllm or {}).get("cli") or {}).get("arguments"))
