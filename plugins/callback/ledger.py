@@ -136,7 +136,7 @@ class CallbackModule(CallbackBase):
         answer = result._result
         entry = self._hosts.setdefault(result._host.get_name(), {})
         if failed and "failure" not in entry:
-            entry["failure"] = f"{result._task.get_name()}: {answer.get('msg', '')}"
+            entry["failure"] = f"{result._task.get_name()}: {failure_message(answer)}"
             if answer.get("log_tail"):
                 # A failed engine start's own words, for the post-mortem.
                 entry["failure_log_tail"] = answer["log_tail"]
@@ -355,6 +355,17 @@ def gate_parts(entry: dict) -> list[str]:
                   if isinstance(deviation, (int, float)) and quality.get("baseline") else "")
         parts.append(f"quality {quality['score']:.3f}{versus}" + (" [simulated]" if quality.get("simulated") else ""))
     return parts
+
+
+def failure_message(answer: dict) -> str:
+    """A failed task's message; for a loop, its first failed item's, named by the item's label,
+    since the loop's own says only that one or more items failed."""
+    failed_items = [item for item in answer.get("results") or () if isinstance(item, dict) and item.get("failed")]
+    if not failed_items:
+        return str(answer.get("msg", ""))
+    item = failed_items[0]
+    label = item.get("_ansible_item_label", item.get(item.get("ansible_loop_var", "item")))
+    return f"{label}: {item.get('msg', '')}" if label is not None else str(item.get("msg", ""))
 
 
 def one_line(text, limit: int = SHOWN_FAILURE_CHARS) -> str:

@@ -493,28 +493,48 @@ def test_a_deploy_killed_inside_staging_leaves_whole_files_and_a_rerun_completes
 # --- concurrency ----------------------------------------------------------------------------
 
 
-def test_a_host_locked_by_another_run_is_refused_naming_the_holder(lab, first_deploy, tmp_path):
-    # Not the canary, whose failure would stop the rollout: the others of its batch go on.
+def test_a_deploy_while_another_run_holds_one_host_is_refused_whole_naming_the_holder(lab, first_deploy, tmp_path):
+    # Not the first host in name order: the run takes and gives back a lock before the refusal.
     locked = lab.hosts[1]
-    others = [host for host in lab.hosts if host is not locked]
     holder = {"run_id": "20261129T101500Z-42", "controller": "ci-runner-7", "user": "alice",
               "pid": 4242, "playbook": "deploy.yml", "release": "sub509",
               "acquired_at": "2026-11-29T10:15:00Z"}
     lock = locked.path(f"{STATE}/lock")
     lock.write_text(json.dumps(holder))
     try:
+        before = host_state(lab)
         run = run_playbook(DEPLOY, lab.inventory_path, tmp_path,
                            extravars={"serving_release": "sub530", **ONE_BATCH})
         assert json.loads(lock.read_text()) == holder  # the other run's lock is left alone
+        assert host_state(lab) == before  # the locks this run took are given back
     finally:
         lock.unlink()
-    assert run.hosts_with("failures") == {locked.name}
-    message, *_others = [m for m in run.failure_messages(locked.name) if "is held by" in m]
+    assert run.rc != 0, run.stats
+    (message,) = {m for host in lab.hosts for m in run.failure_messages(host.name) if "is held by" in m}
+    assert message.startswith(f"{locked.name}: ")
     assert "run 20261129T101500Z-42 (alice@ci-runner-7, pid 4242, playbook deploy.yml, release sub509)" in message
-    assert "serving_lock_break=true" in message
-    assert {host.name for host in others} <= run.hosts_with("ok")
-    assert current_release(locked)["id"] != "sub530"
-    assert {current_release(host)["id"] for host in others} == {"sub530"}
+    assert "since 2026-11-29T10:15:00Z" in message and "serving_lock_break=true" in message
+    assert "this run changed nothing on any host" in message
+
+
+def test_two_deploys_started_together_one_holds_every_host_and_the_other_changes_nothing(lab, first_deploy, tmp_path):
+    releases = ("sub570", "sub571")
+    started = {release: start_playbook(DEPLOY, lab.inventory_path, tmp_path / release,
+                                       extravars={"serving_release": release, **ONE_BATCH})
+               for release in releases}
+    runs = {release: running.wait() for release, running in started.items()}
+
+    (winner,) = [release for release, run in runs.items() if run.rc == 0] or [None]
+    assert winner, {release: run.stats for release, run in runs.items()}
+    (loser,) = set(releases) - {winner}
+    refused = runs[loser]
+    (message,) = {m for host in lab.hosts for m in refused.failure_messages(host.name) if "is held by" in m}
+    assert f"playbook deploy.yml, release {winner})" in message
+    assert "this run changed nothing on any host" in message
+    for host in lab.hosts:
+        assert (current_release(host)["id"], current_release(host)["status"]) == (winner, "good")
+        assert not host.path(f"{STATE}/releases/{loser}").exists()
+        assert not host.path(f"{STATE}/lock").exists()
 
 
 # --- verify.yml on the deployed fleet (last: it leaves drift behind) --------------------------

@@ -154,6 +154,8 @@ def test_a_failing_canary_stops_the_rollout_before_any_other_host_changes(lab, r
     assert {name: pid for name, pid in engine_pids(lab).items() if name != canary.name} == pids
     assert current_release(canary)["id"] == "sub511"
     assert same_as(canary, snapshots[canary.name, "sub511"])
+    # Held for the run from the start, the hosts it did not reach were given back as it stopped.
+    assert [host.name for host in lab.hosts if host.path(f"{STATE}/lock").exists()] == []
 
 
 def test_rolling_back_twice_goes_one_good_release_further_each_time(lab, release_b, snapshots, tmp_path):

@@ -230,6 +230,22 @@ def test_the_json_line_keeps_the_whole_failure_and_the_run_ends_with_one_line_pe
                      "h3: untouched"]
 
 
+def test_a_failed_loop_is_recorded_by_its_first_failed_item_named_by_its_label(ledger):
+    ledger.v2_runner_on_ok(task_result("h1", "Stage the payload", "biv100.serving.serving_overlay",
+                                       {"release": "sub511", "payload_digest": "ab12", "changed_files": []}))
+    held = "/var/lib/biv100-serving/lock is held by run R (bob@ci, pid 7) since T"
+    ledger.v2_runner_on_failed(task_result("h1", "Take each host's lock", "biv100.serving.serving_lock", {
+        "msg": "One or more items failed",
+        "results": [{"failed": False, "msg": "this run took the lock", "_ansible_item_label": "h1"},
+                    {"failed": True, "msg": held, "ansible_loop_var": "serving_hold_host",
+                     "serving_hold_host": "h2"},
+                    {"failed": True, "msg": "never shown", "_ansible_item_label": "h3"}]}))
+
+    (line,) = ledger.end("h1")
+
+    assert line["failure"] == f"Take each host's lock: h2: {held}"
+
+
 # --- the clients' key ------------------------------------------------------------------------
 
 SECRET = "sk-biv100-ledger-77aa88bb"
