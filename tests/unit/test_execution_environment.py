@@ -121,11 +121,12 @@ def test_the_python_packages_are_requirements_txts_pins_and_all_the_controller_n
         requirement = Requirement(definition[name]["package_pip"])
         assert str(requirement.specifier) == f"=={pinned[canonicalize_name(requirement.name)]}"
     # jmespath (the probes' expectations), jsonschema (their JSON Schemas and the quality set's),
-    # matplotlib (the report's plots) and what they, ansible-core and ansible-runner need, as
+    # scipy (the canary analysis judge), matplotlib (the report's plots) and what they, ansible-core and ansible-runner need, as
     # installed beside them here: nothing left to whatever the index has on the day of a build.
     # A package needed only below some Python (typing_extensions under 3.13) is pinned too: the
     # image's Python may be older than the one running this test.
-    needed, older_pythons, todo = set(), set(), ["ansible-core", "ansible-runner", "jmespath", "jsonschema", "matplotlib"]
+    needed, older_pythons, todo = set(), set(), ["ansible-core", "ansible-runner", "jmespath", "jsonschema", "scipy",
+                                        "matplotlib"]
     while todo:
         name = canonicalize_name(todo.pop())
         if name not in needed:
