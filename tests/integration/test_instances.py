@@ -2,7 +2,8 @@
 runs one engine as always; the second has 8 and runs two TP=4 instances, vllm-1 and vllm-2. The
 fleet deploys, verifies, rolls back and deploys again with every instance named; a deploy
 restarts the second host's instances one at a time, so that /health, polled every 100 ms, always
-has one to answer.
+has one to answer. gpu_facts finds each instance's engine on its GPUs (the lab's ixsmi reports
+the running stand-ins) and tells it from a foreign process.
 
 The module's fixtures make the state the tests start from: the first deploy, and the rolling
 deploy of a second release that the rollback goes back from.
@@ -19,14 +20,21 @@ import urllib.error
 import urllib.request
 
 import pytest
+from engine_defaults import SUB168
 from lab_files import STATE, copy_payload, current_release, engine_process, option_values, overlay, recorded
 from lab_guard import built_lab
 from playbook_runs import ONE_BATCH, run_playbook, start_playbook
+
+import ixsmi
 
 
 pytestmark = pytest.mark.lab
 
 DEPLOY = "deploy.yml"
+FACTS = "playbooks/facts.yml"
+GPU_FACTS_TASK = "Learn the host's GPUs"
+SUMMARY_TASK = "Show what the host has"
+GPU_MIB = 32768  # each lab GPU's memory
 INSTANCES = ({"name": "vllm-1"}, {"name": "vllm-2"})
 
 
@@ -137,6 +145,41 @@ def test_a_deploy_restarts_the_instances_one_at_a_time_and_one_always_answers(la
     down = [at for at, first, second in samples if not (first or second)]
     assert len(samples) > 20 and down == [], f"{len(down)} of {len(samples)} polls found no instance healthy"
     assert any(not first for _at, first, _second in samples) and any(not second for _at, _first, second in samples)
+
+
+def test_gpu_facts_show_each_instances_engine_on_its_gpus_as_the_collections_own(lab, deployed, tmp_path):
+    one, eight = lab.hosts
+    # What the lab's ixsmi reports for each GPU a stand-in holds: its gpu_memory_utilization of the GPU.
+    held_mib = int(SUB168["gpu_memory_utilization"] * GPU_MIB)
+    run = run_playbook(FACTS, lab.inventory_path, tmp_path / "own", extravars=on_eight(lab))
+    assert run.rc == 0, run.stdout()[-3000:]
+    for host, groups in ((one, {"vllm": range(4)}), (eight, {"vllm-1": range(4), "vllm-2": range(4, 8)})):
+        (result,) = run.results(host.name, GPU_FACTS_TASK)
+        facts = result["gpu_facts"]
+        processes = {(process["gpu_index"], process["pid"], process["instance"], process["own"], process["used_memory_mib"])
+                     for process in facts["processes"]}
+        assert processes == {(index, instance_pid(host, name), name, True, held_mib)
+                             for name, group in groups.items() for index in group}, host.name
+        assert [gpu["memory_used_mib"] for gpu in facts["gpus"]] == [held_mib] * len(facts["gpus"])
+        # The collection's own engines leave their GPUs available to it.
+        assert facts["free"] == list(range(host.gpu_count))
+        (summary,) = run.results(host.name, SUMMARY_TASK)
+        assert summary["msg"][4].endswith(f"free: {host.gpu_count}")
+
+    # A process the collection did not start (from ixsmi's file) makes its GPU busy.
+    config = eight.path(f"/usr/local/corex/{ixsmi.CONFIG_NAME}")
+    original = config.read_text()
+    foreign = json.loads(original)
+    foreign["compute_processes"] = [{"gpu_uuid": foreign["gpus"][5]["uuid"], "pid": 4242, "process_name": "train.py",
+                                     "used_memory_mib": 1024}]
+    config.write_text(json.dumps(foreign))
+    try:
+        busy = run_playbook(FACTS, lab.inventory_path, tmp_path / "foreign", limit=eight.name, extravars=on_eight(lab))
+    finally:
+        config.write_text(original)
+    (result,) = busy.results(eight.name, GPU_FACTS_TASK)
+    assert result["gpu_facts"]["free"] == [0, 1, 2, 3, 4, 6, 7]
+    assert busy.rc != 0 and any("GPU 5 by pid 4242 (train.py)" in text for text in busy.failure_messages(eight.name))
 
 
 def test_verify_names_the_instance_that_is_down_and_finds_the_rest_healthy(lab, deployed, tmp_path):
