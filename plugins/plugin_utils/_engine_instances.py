@@ -31,7 +31,7 @@ from ansible_collections.biv100.serving.plugins.plugin_utils._engine_cli_args im
 
 # A name becomes a pid file, a systemd unit and a supervisord program: plain characters only.
 NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
-KEYS = {"name", "port", "gpus", "env_file", "log_file", "engine_args"}
+KEYS = {"name", "port", "gpus", "env_file", "log_file", "engine_args", "engine_env"}
 AUTO = "auto"
 # The engine role's variables the values are made from (engine_instance_defaults).
 ENGINE_KEYS = {"name", "port", "env_file", "log_file", "visible_devices", "args", "allocator", "env",
@@ -68,8 +68,9 @@ def engine_instances(instances, host: str, engine: dict, gpus: dict | None = Non
     resolved = []
     for position, entry in enumerate(listed):
         name = str(entry["name"])
-        settings = {"args": {**engine["args"], **(entry.get("engine_args") or {})},
-                    **{key: engine[key] for key in RECORDED if key != "args"}}
+        settings = {**{key: engine[key] for key in RECORDED},
+                    "args": {**engine["args"], **(entry.get("engine_args") or {})},
+                    "env": {**engine["env"], **(entry.get("engine_env") or {})}}
         settings.update({key: value for key, value in recorded_instance(restore, name).items() if key in RECORDED})
         resolved.append({
             "name": name,
@@ -263,8 +264,9 @@ def _listed(instances) -> list[dict]:
         if unknown:
             raise AnsibleFilterError(f"engine_instances[{position}] ({entry['name']}): unknown key "
                                      f"{', '.join(unknown)}; an instance takes {', '.join(sorted(KEYS))}")
-        if not isinstance(entry.get("engine_args") or {}, dict):
-            raise AnsibleFilterError(f"engine_instances[{position}] ({entry['name']}): engine_args is not a dict")
+        for key in ("engine_args", "engine_env"):
+            if not isinstance(entry.get(key) or {}, dict):
+                raise AnsibleFilterError(f"engine_instances[{position}] ({entry['name']}): {key} is not a dict")
     return instances
 
 

@@ -2,7 +2,9 @@
 runs one engine as always; the second has 8 and runs two TP=4 instances, vllm-1 and vllm-2. The
 fleet deploys, verifies, rolls back and deploys again with every instance named; a deploy
 restarts the second host's instances one at a time, so that /health, polled every 100 ms, always
-has one to answer.
+has one to answer, and a deploy in which vllm-2 alone fails rolls the host back with one always
+answering too. gpu_facts finds each instance's engine on its GPUs (the lab's ixsmi reports the
+running stand-ins) and tells it from a foreign process.
 
 The module's fixtures make the state the tests start from: the first deploy, and the rolling
 deploy of a second release that the rollback goes back from.
@@ -19,14 +21,21 @@ import urllib.error
 import urllib.request
 
 import pytest
+from engine_defaults import SUB168
 from lab_files import STATE, copy_payload, current_release, engine_process, option_values, overlay, recorded
 from lab_guard import built_lab
 from playbook_runs import ONE_BATCH, run_playbook, start_playbook
+
+import ixsmi
 
 
 pytestmark = pytest.mark.lab
 
 DEPLOY = "deploy.yml"
+FACTS = "playbooks/facts.yml"
+GPU_FACTS_TASK = "Learn the host's GPUs"
+SUMMARY_TASK = "Show what the host has"
+GPU_MIB = 32768  # each lab GPU's memory
 INSTANCES = ({"name": "vllm-1"}, {"name": "vllm-2"})
 
 
@@ -97,15 +106,13 @@ def test_a_second_run_changes_nothing(lab, deployed, tmp_path):
     assert again.rc == 0 and again.hosts_with("changed") == set(), again.stats
 
 
-@pytest.fixture(scope="module")
-def rolled(lab, deployed, tmp_path_factory):
-    """A deploy of release sub511 to the eight-GPU host, with /health of both instances polled
-    every 100 ms meanwhile: the run, the polls, and the instances' pids before it."""
+def deploy_polling_health(lab, folder, release: str, instances=INSTANCES):
+    """A deploy of `release` (the payload with one more file) to the eight-GPU host, with
+    /health of both instances polled every 100 ms meanwhile: the run, and the polls as (time,
+    vllm-1 healthy, vllm-2 healthy)."""
     eight = lab.hosts[1]
-    folder = tmp_path_factory.mktemp("rolling")
-    pids = {name: instance_pid(eight, name) for name in ("vllm-1", "vllm-2")}
     payload = copy_payload(folder)
-    overlay(payload, "rolling", "reasoning/rolling_parser.py", "PARSER = 'rolling'\n")
+    overlay(payload, release, f"reasoning/{release}_parser.py", f"PARSER = '{release}'\n")
     samples: list[tuple[float, bool, bool]] = []
     done = threading.Event()
 
@@ -118,11 +125,26 @@ def rolled(lab, deployed, tmp_path_factory):
     poller.start()
     try:
         running = start_playbook(DEPLOY, lab.inventory_path, folder, limit=eight.name, extravars={
-            "serving_release": "sub511", "stage_payload_dir": str(payload), **on_eight(lab)})
+            "serving_release": release, "stage_payload_dir": str(payload), **on_eight(lab, instances)})
         run = running.wait()
     finally:
         done.set()
         poller.join()
+    return run, samples
+
+
+def never_both_down(samples) -> None:
+    down = [at for at, first, second in samples if not (first or second)]
+    assert len(samples) > 20 and down == [], f"{len(down)} of {len(samples)} polls found no instance healthy"
+
+
+@pytest.fixture(scope="module")
+def rolled(lab, deployed, tmp_path_factory):
+    """A deploy of release sub511 to the eight-GPU host, with /health of both instances polled
+    every 100 ms meanwhile: the run, the polls, and the instances' pids before it."""
+    eight = lab.hosts[1]
+    pids = {name: instance_pid(eight, name) for name in ("vllm-1", "vllm-2")}
+    run, samples = deploy_polling_health(lab, tmp_path_factory.mktemp("rolling"), "sub511")
     assert run.rc == 0, run.stdout()[-3000:]
     return {"run": run, "samples": samples, "pids_before": pids}
 
@@ -134,9 +156,43 @@ def test_a_deploy_restarts_the_instances_one_at_a_time_and_one_always_answers(la
     assert current_release(eight)["id"] == "sub511"
     # ...and at no moment was neither answering.
     samples = rolled["samples"]
-    down = [at for at, first, second in samples if not (first or second)]
-    assert len(samples) > 20 and down == [], f"{len(down)} of {len(samples)} polls found no instance healthy"
+    never_both_down(samples)
     assert any(not first for _at, first, _second in samples) and any(not second for _at, _first, second in samples)
+
+
+def test_gpu_facts_show_each_instances_engine_on_its_gpus_as_the_collections_own(lab, deployed, tmp_path):
+    one, eight = lab.hosts
+    # What the lab's ixsmi reports for each GPU a stand-in holds: its gpu_memory_utilization of the GPU.
+    held_mib = int(SUB168["gpu_memory_utilization"] * GPU_MIB)
+    run = run_playbook(FACTS, lab.inventory_path, tmp_path / "own", extravars=on_eight(lab))
+    assert run.rc == 0, run.stdout()[-3000:]
+    for host, groups in ((one, {"vllm": range(4)}), (eight, {"vllm-1": range(4), "vllm-2": range(4, 8)})):
+        (result,) = run.results(host.name, GPU_FACTS_TASK)
+        facts = result["gpu_facts"]
+        processes = {(process["gpu_index"], process["pid"], process["instance"], process["own"], process["used_memory_mib"])
+                     for process in facts["processes"]}
+        assert processes == {(index, instance_pid(host, name), name, True, held_mib)
+                             for name, group in groups.items() for index in group}, host.name
+        assert [gpu["memory_used_mib"] for gpu in facts["gpus"]] == [held_mib] * len(facts["gpus"])
+        # The collection's own engines leave their GPUs available to it.
+        assert facts["free"] == list(range(host.gpu_count))
+        (summary,) = run.results(host.name, SUMMARY_TASK)
+        assert summary["msg"][4].endswith(f"free: {host.gpu_count}")
+
+    # A process the collection did not start (from ixsmi's file) makes its GPU busy.
+    config = eight.path(f"/usr/local/corex/{ixsmi.CONFIG_NAME}")
+    original = config.read_text()
+    foreign = json.loads(original)
+    foreign["compute_processes"] = [{"gpu_uuid": foreign["gpus"][5]["uuid"], "pid": 4242, "process_name": "train.py",
+                                     "used_memory_mib": 1024}]
+    config.write_text(json.dumps(foreign))
+    try:
+        busy = run_playbook(FACTS, lab.inventory_path, tmp_path / "foreign", limit=eight.name, extravars=on_eight(lab))
+    finally:
+        config.write_text(original)
+    (result,) = busy.results(eight.name, GPU_FACTS_TASK)
+    assert result["gpu_facts"]["free"] == [0, 1, 2, 3, 4, 6, 7]
+    assert busy.rc != 0 and any("GPU 5 by pid 4242 (train.py)" in text for text in busy.failure_messages(eight.name))
 
 
 def test_verify_names_the_instance_that_is_down_and_finds_the_rest_healthy(lab, deployed, tmp_path):
@@ -187,3 +243,30 @@ def test_instances_that_cannot_share_the_host_are_refused_naming_them_and_nothin
     assert f"{eight.name}/vllm-2: GPU 3 also in {eight.name}/vllm-1's group" in output
     assert current_release(eight)["id"] == before
     assert not eight.path(f"{STATE}/releases/sub599").exists()
+
+
+def test_one_instance_failing_rolls_the_host_back_while_the_other_keeps_serving(lab, deployed, tmp_path):
+    eight = lab.hosts[1]
+    last_good = current_release(eight)
+    assert last_good["status"] == "good"
+    # vllm-2 alone dies after its third chat answer: healthy, then gone in the middle of its probes.
+    failing = (INSTANCES[0], {**INSTANCES[1], "engine_env": {"BIV100_STANDIN_CRASH_AFTER": "3"}})
+
+    run, samples = deploy_polling_health(lab, tmp_path, "sub513", failing)
+
+    assert run.rc != 0 and run.hosts_with("failures") == {eight.name}
+    message = run.failure_messages(eight.name)[-1]
+    assert message.startswith(f"{eight.name}/vllm-2: the probes phase failed"), message
+    assert f"rolled back to {last_good['id']}, engine healthy" in message
+    ledger = [json.loads(line) for line in (tmp_path / "ledger" / "ledger.jsonl").read_text().splitlines()]
+    (line,) = [line for line in ledger if line["host"] == f"{eight.name}/vllm-2"]
+    assert line["failure"] and line["rollback"]["to"] == last_good["id"], line
+    # The host is back on its last good release, both instances serving with its settings...
+    assert current_release(eight)["id"] == last_good["id"]
+    assert json.loads(eight.path(f"{STATE}/releases/sub513/release.json").read_text())["status"] == "failed"
+    assert healthy(eight, 8000) and healthy(eight, 8001)
+    assert "BIV100_STANDIN_CRASH_AFTER" not in engine_process(eight, "vllm-2")[1]
+    # ...and at no moment of the deploy and its rollback was neither answering.
+    never_both_down(samples)
+    # vllm-2 was down meanwhile, so vllm-1 answered alone.
+    assert any(first and not second for _at, first, second in samples)

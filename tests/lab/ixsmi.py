@@ -20,8 +20,22 @@ The JSON file (written by tests/lab/lab.py, editable by tests):
      "compute_processes": [{"gpu_uuid": "GPU-...", "pid": 1234,
                             "process_name": "python3", "used_memory_mib": 30000}]}
 
-The memory used that is reported is the configured `memory_used_mib` as is: whoever adds a
-compute process also decides how much memory the GPU then shows as used.
+Besides the compute processes the file lists, every running engine stand-in of this host
+(tests/lab/engine_standin) is a compute process, as each worker of a real engine is: found in
+/proc at every call, so a stand-in that ended is never shown. A stand-in is this host's when it
+is in this tool's mount namespace (each lab host has its own) and the ixsmi it counts GPUs with
+(BIV100_STANDIN_IXSMI, default /usr/local/corex/bin/ixsmi) is this one. It holds the first
+--tensor-parallel-size GPUs of its CUDA_VISIBLE_DEVICES (indexes or UUIDs; all GPUs when unset;
+an entry naming no GPU hides it and the rest, as in CUDA), each with
+
+    used_memory_mib = int(gpu_memory_utilization x memory_total_mib)
+
+(--gpu-memory-utilization, vLLM's default 0.9), under its pid and its argv[0]. It is one
+process standing for the server and its workers, so one pid shows on each GPU it holds.
+
+A GPU's memory used is the configured `memory_used_mib` (whoever adds a compute process to the
+file also decides how much memory the GPU then shows as used) plus what the stand-ins on it
+hold, at most its memory total.
 """
 
 import json
@@ -29,6 +43,15 @@ import os
 import sys
 
 CONFIG_NAME = "ixsmi-lab.json"
+
+# What tells an engine stand-in's process, and what it reads (engine_standin/__init__.py).
+STANDIN_MODULE = "engine_standin"
+STANDIN_IXSMI = "/usr/local/corex/bin/ixsmi"
+# vLLM's defaults for the launch arguments that decide the GPUs and memory an engine holds.
+DEFAULT_TENSOR_PARALLEL_SIZE = 1
+DEFAULT_MEMORY_UTILIZATION = 0.9
+# /proc/<pid>/stat states of a process that has ended: zombie, dead.
+ENDED_STATES = ("Z", "X")
 
 # Exit statuses of nvidia-smi that callers may test for.
 EXIT_INVALID_ARGUMENT = 2
@@ -67,6 +90,105 @@ def load_config():
     prefix = os.path.dirname(os.path.dirname(os.path.realpath(__file__)))
     with open(os.path.join(prefix, CONFIG_NAME)) as config:
         return json.load(config)
+
+
+# ---- the engine stand-ins running on this host -------------------------------------------
+
+def standin_processes(gpus, ixsmi_path):
+    """A compute process per GPU that a running stand-in of this host holds, in pid order."""
+    processes = []
+    for pid, argv, environ in running_standins(ixsmi_path):
+        memory_utilization = option_value(argv, "--gpu-memory-utilization", float,
+                                          DEFAULT_MEMORY_UTILIZATION)
+        size = option_value(argv, "--tensor-parallel-size", int, DEFAULT_TENSOR_PARALLEL_SIZE,
+                            "-tp")
+        for gpu in visible_gpus(environ.get("CUDA_VISIBLE_DEVICES"), gpus)[:size]:
+            processes.append({
+                "gpu_uuid": gpu["uuid"], "pid": pid, "process_name": argv[0],
+                "used_memory_mib": int(memory_utilization * gpu["memory_total_mib"]),
+            })
+    return processes
+
+
+def running_standins(ixsmi_path):
+    """(pid, argv, environment) of each live stand-in that counts GPUs with this ixsmi, in this
+    mount namespace. A process that ends while it is read, or that may not be read, is left out."""
+    own_namespace = os.stat("/proc/self/ns/mnt")
+    this_ixsmi = os.path.realpath(ixsmi_path)
+    found = []
+    for entry in sorted((name for name in os.listdir("/proc") if name.isdigit()), key=int):
+        try:
+            argv = read_nul_separated(f"/proc/{entry}/cmdline")
+            if not runs_standin(argv) or process_state(entry) in ENDED_STATES:
+                continue
+            namespace = os.stat(f"/proc/{entry}/ns/mnt")
+            environ = dict(item.split("=", 1) for item in read_nul_separated(f"/proc/{entry}/environ")
+                           if "=" in item)
+        except OSError:
+            continue
+        same_namespace = (namespace.st_dev, namespace.st_ino) == (own_namespace.st_dev, own_namespace.st_ino)
+        if same_namespace and os.path.realpath(environ.get("BIV100_STANDIN_IXSMI", STANDIN_IXSMI)) == this_ixsmi:
+            found.append((int(entry), argv, environ))
+    return found
+
+
+def read_nul_separated(path):
+    """The NUL-terminated strings of a /proc file (cmdline, environ)."""
+    with open(path, "rb") as stream:
+        return [item.decode("utf-8", "surrogateescape") for item in stream.read().split(b"\0")[:-1]]
+
+
+def process_state(pid):
+    with open(f"/proc/{pid}/stat", "rb") as stream:
+        raw = stream.read()
+    # The command name in parentheses may hold spaces and parentheses itself.
+    return raw[raw.rindex(b")") + 2:].split()[0].decode("ascii")
+
+
+def runs_standin(argv):
+    """`<python> -m engine_standin ...`, as the lab's engine_command starts it."""
+    return any(argv[index:index + 2] == ["-m", STANDIN_MODULE] for index in range(1, len(argv)))
+
+
+def option_value(argv, name, convert, default, *aliases):
+    """The last value given to option `name` or an alias (`--name value` or `--name=value`,
+    `_` for `-` as vLLM allows), converted; the default when absent or not a number."""
+    value = None
+    for index, word in enumerate(argv):
+        option, equals, given = word.partition("=")
+        if option.startswith("--"):
+            option = "--" + option[2:].replace("_", "-")
+        if option == name or option in aliases:
+            value = given if equals else (argv[index + 1] if index + 1 < len(argv) else None)
+    try:
+        return convert(value) if value is not None else default
+    except ValueError:
+        return default
+
+
+def visible_gpus(cuda_visible_devices, gpus):
+    """The GPUs CUDA_VISIBLE_DEVICES makes visible, in its order: each entry an index or a UUID
+    (or its start); the first entry naming no GPU hides itself and every entry after it."""
+    if cuda_visible_devices is None:
+        return list(gpus)
+    visible = []
+    for entry in (item.strip() for item in cuda_visible_devices.split(",")):
+        matches = [gpu for gpu in gpus
+                   if entry and (entry == str(gpu["index"]) or gpu["uuid"].startswith(entry))]
+        if len(matches) != 1 or matches[0] in visible:
+            break
+        visible.append(matches[0])
+    return visible
+
+
+def with_standins(config, ixsmi_path):
+    """The GPUs and compute processes of the file, with the stand-ins' processes and memory."""
+    gpus = [dict(gpu) for gpu in config["gpus"]]
+    standins = standin_processes(gpus, ixsmi_path)
+    for gpu in gpus:
+        held = sum(proc["used_memory_mib"] for proc in standins if proc["gpu_uuid"] == gpu["uuid"])
+        gpu["memory_used_mib"] = min(gpu["memory_total_mib"], gpu["memory_used_mib"] + held)
+    return gpus, config.get("compute_processes", []) + standins
 
 
 def parse_args(argv):
@@ -157,8 +279,7 @@ def main(argv):
         if mode == "help":
             print(__doc__)
             return 0
-        config = load_config()
-        gpus, processes = config["gpus"], config.get("compute_processes", [])
+        gpus, processes = with_standins(load_config(), __file__)
         if not gpus:
             print("No devices were found")
             return EXIT_NO_DEVICES

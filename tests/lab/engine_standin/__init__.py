@@ -35,7 +35,8 @@ would run; otherwise set BIV100_STANDIN_VLLM_ROOT), tests/lab on PYTHONPATH:
 Environment:
 
     BIV100_STANDIN_LOAD_SECONDS   seconds between binding the port and serving it (default 2)
-    BIV100_STANDIN_IXSMI          ixsmi to count GPUs with (default /usr/local/corex/bin/ixsmi)
+    BIV100_STANDIN_IXSMI          ixsmi to count GPUs with (default /usr/local/corex/bin/ixsmi),
+                                  which lists this engine on the GPUs it holds
     BIV100_STANDIN_VLLM_ROOT      the installed vllm package folder (default: found on sys.path)
     BIV100_STANDIN_NEVER_HEALTHY  1: bind the port and never finish loading
     BIV100_STANDIN_CRASH_AFTER    N: exit with status 1 after answering N chat requests

@@ -68,6 +68,18 @@ def test_listed_instances_get_consecutive_free_groups_ports_and_files_of_their_o
     assert "8001" in second["command"] and "4,5,6,7" == second["env"]["CUDA_VISIBLE_DEVICES"]
 
 
+def test_an_instances_engine_env_is_over_the_roles_for_that_instance_only():
+    first, second = resolve([{"name": "vllm-1"}, {"name": "vllm-2", "engine_env": {"X": "2", "Y": "1"}}], gpus(8),
+                            env={"X": "1", "Z": "1"})
+    assert (first["env"]["X"], "Y" in first["env"], first["record"]["env"]) == ("1", False, {"X": "1", "Z": "1"})
+    assert {key: second["env"][key] for key in ("X", "Y", "Z")} == {"X": "2", "Y": "1", "Z": "1"}
+    assert second["record"]["env"] == {"X": "2", "Y": "1", "Z": "1"}
+    # A rollback runs the instance with the environment its release recorded, not the inventory's.
+    (_first, restored) = resolve([{"name": "vllm-1"}, {"name": "vllm-2", "engine_env": {"Y": "1"}}], gpus(8),
+                                 restore={"instances": {"vllm-2": {"env": {}}}})
+    assert "Y" not in restored["env"] and restored["record"]["env"] == {}
+
+
 def test_auto_skips_the_gpus_another_instance_names_and_those_held_by_others():
     busy = gpus(8)
     busy["free"] = [0, 2, 3, 4, 5, 6, 7]  # GPU 1 is someone else's
@@ -111,6 +123,7 @@ def test_a_fitting_mixed_list_has_no_problem_and_without_gpu_facts_only_names_an
     ([{"port": 8001}], "needs at least a name"),
     ([{"name": "vllm-1", "gpu": "0"}], "unknown key gpu"),
     ([{"name": "vllm-1", "gpus": {"0": 1}}], "give auto"),
+    ([{"name": "vllm-1", "engine_env": ["X=1"]}], r"\(vllm-1\): engine_env is not a dict"),
 ])
 def test_a_malformed_list_is_refused_naming_the_entry(instances, message):
     with pytest.raises(AnsibleFilterError, match=message):
