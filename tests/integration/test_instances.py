@@ -2,10 +2,12 @@
 runs one engine as always; the second has 8 and runs two TP=4 instances, vllm-1 and vllm-2. The
 fleet deploys, verifies, rolls back and deploys again with every instance named; a deploy
 restarts the second host's instances one at a time, so that /health, polled every 100 ms, always
-has one to answer.
+has one to answer. The second host then changes its layout - one engine, two instances, one
+engine, and a rollback to the two-instance release - each change retiring the engines the new
+layout does not name while the host keeps serving.
 
-The module's fixtures make the state the tests start from: the first deploy, and the rolling
-deploy of a second release that the rollback goes back from.
+The module's fixtures make the state the tests start from: the first deploy, the rolling
+deploy of a second release that the rollback goes back from, and the layout changes.
 """
 
 from __future__ import annotations
@@ -13,10 +15,13 @@ from __future__ import annotations
 import json
 import os
 import signal
+import subprocess
+import sys
 import threading
 import time
 import urllib.error
 import urllib.request
+from pathlib import Path
 
 import pytest
 from lab_files import STATE, copy_payload, current_release, engine_process, option_values, overlay, recorded
@@ -65,6 +70,32 @@ def healthy(host, port: int) -> bool:
         return False
 
 
+def polled_run(playbook: str, lab, host, folder, extravars: dict):
+    """The playbook run on `host` alone with /health of ports 8000 and 8001 polled every 100 ms
+    meanwhile: the run, and the polls (time, 8000 answered, 8001 answered)."""
+    samples: list[tuple[float, bool, bool]] = []
+    done = threading.Event()
+
+    def poll():
+        while not done.is_set():
+            samples.append((time.monotonic(), healthy(host, 8000), healthy(host, 8001)))
+            time.sleep(0.1)
+
+    poller = threading.Thread(target=poll)
+    poller.start()
+    try:
+        run = start_playbook(playbook, lab.inventory_path, folder, limit=host.name, extravars=extravars).wait()
+    finally:
+        done.set()
+        poller.join()
+    return run, samples
+
+
+def never_down(samples) -> list[float]:
+    """The polls at which neither port answered."""
+    return [at for at, first, second in samples if not (first or second)]
+
+
 def test_the_eight_gpu_host_runs_two_instances_on_their_own_gpus_ports_and_files(lab, deployed):
     eight = lab.hosts[1]
     for name, port, gpus in (("vllm-1", "8000", "0,1,2,3"), ("vllm-2", "8001", "4,5,6,7")):
@@ -106,23 +137,8 @@ def rolled(lab, deployed, tmp_path_factory):
     pids = {name: instance_pid(eight, name) for name in ("vllm-1", "vllm-2")}
     payload = copy_payload(folder)
     overlay(payload, "rolling", "reasoning/rolling_parser.py", "PARSER = 'rolling'\n")
-    samples: list[tuple[float, bool, bool]] = []
-    done = threading.Event()
-
-    def poll():
-        while not done.is_set():
-            samples.append((time.monotonic(), healthy(eight, 8000), healthy(eight, 8001)))
-            time.sleep(0.1)
-
-    poller = threading.Thread(target=poll)
-    poller.start()
-    try:
-        running = start_playbook(DEPLOY, lab.inventory_path, folder, limit=eight.name, extravars={
-            "serving_release": "sub511", "stage_payload_dir": str(payload), **on_eight(lab)})
-        run = running.wait()
-    finally:
-        done.set()
-        poller.join()
+    run, samples = polled_run(DEPLOY, lab, eight, folder, {
+        "serving_release": "sub511", "stage_payload_dir": str(payload), **on_eight(lab)})
     assert run.rc == 0, run.stdout()[-3000:]
     return {"run": run, "samples": samples, "pids_before": pids}
 
@@ -134,7 +150,7 @@ def test_a_deploy_restarts_the_instances_one_at_a_time_and_one_always_answers(la
     assert current_release(eight)["id"] == "sub511"
     # ...and at no moment was neither answering.
     samples = rolled["samples"]
-    down = [at for at, first, second in samples if not (first or second)]
+    down = never_down(samples)
     assert len(samples) > 20 and down == [], f"{len(down)} of {len(samples)} polls found no instance healthy"
     assert any(not first for _at, first, _second in samples) and any(not second for _at, _first, second in samples)
 
@@ -187,3 +203,130 @@ def test_instances_that_cannot_share_the_host_are_refused_naming_them_and_nothin
     assert f"{eight.name}/vllm-2: GPU 3 also in {eight.name}/vllm-1's group" in output
     assert current_release(eight)["id"] == before
     assert not eight.path(f"{STATE}/releases/sub599").exists()
+
+
+# --- a host that changes its engine layout ----------------------------------------------------
+
+
+def engines_on(host) -> dict[str, int]:
+    """{name: pid} of the collection's engines on the host, by their pid files."""
+    folder = host.path("/run/biv100-serving")
+    return {path.stem: int(path.read_text()) for path in sorted(folder.glob("*.pid"))}
+
+
+def what_the_host_runs(host) -> dict:
+    """The host's state after a step: its current release, its engines' pid files and launch
+    records, which of them run, and which port answers."""
+    engines = engines_on(host)
+    return {
+        "release": current_release(host),
+        "engines": engines,
+        "files": sorted(path.name for path in host.path("/run/biv100-serving").iterdir()),
+        "alive": {name: Path(f"/proc/{pid}").exists() for name, pid in engines.items()},
+        "answers": {port: healthy(host, port) for port in (8000, 8001)},
+    }
+
+
+ONE_ENGINE = {"engine_instances": []}
+
+
+@pytest.fixture(scope="module")
+def layouts(lab, deployed, tmp_path_factory):
+    """The eight-GPU host taken through its layouts: one engine (sub520), two instances (sub521,
+    /health polled), one engine again (sub522, polled), then rollback.yml to sub521 with the
+    inventory still naming one engine. Each step's run, and what the host ran before and after it."""
+    eight = lab.hosts[1]
+    folder = tmp_path_factory.mktemp("layouts")
+    steps = {}
+
+    def step(name, playbook, extravars, polled=False):
+        before = what_the_host_runs(eight)
+        if polled:
+            run, samples = polled_run(playbook, lab, eight, folder / name, extravars)
+        else:
+            run, samples = run_playbook(playbook, lab.inventory_path, folder / name, limit=eight.name,
+                                        extravars=extravars), []
+        assert run.rc == 0, f"{name}: " + run.stdout()[-3000:]
+        steps[name] = {"run": run, "samples": samples, "before": before, "after": what_the_host_runs(eight)}
+
+    step("one", DEPLOY, {"serving_release": "sub520", **ONE_ENGINE})
+    step("two", DEPLOY, {"serving_release": "sub521", **on_eight(lab)}, polled=True)
+    step("one again", DEPLOY, {"serving_release": "sub522", **ONE_ENGINE}, polled=True)
+    step("rollback", "rollback.yml", {"serving_rollback_to": "sub521", **ONE_ENGINE})
+    return steps
+
+
+def test_a_host_changes_its_engine_layout_and_back_retiring_what_the_new_one_does_not_name(lab, layouts):
+    eight = lab.hosts[1]
+    two_files = ["vllm-1.json", "vllm-1.pid", "vllm-2.json", "vllm-2.pid"]
+    for name, release, files, answers in (
+            ("one", "sub520", ["vllm.json", "vllm.pid"], {8000: True, 8001: False}),
+            ("two", "sub521", two_files, {8000: True, 8001: True}),
+            ("one again", "sub522", ["vllm.json", "vllm.pid"], {8000: True, 8001: False})):
+        before, after = layouts[name]["before"], layouts[name]["after"]
+        # Each layout a release proven good, recorded with the instances it ran.
+        assert (after["release"]["id"], after["release"]["status"]) == (release, "good"), name
+        assert sorted(after["release"]["engine"]["instances"]) == sorted(file[:-4] for file in files if file.endswith(".pid")), name
+        # Nothing of the old layout's engines is left that the new one does not name: no pid file,
+        # no process.
+        assert after["files"] == files and all(after["alive"].values()), name
+        gone = {engine: pid for engine, pid in before["engines"].items() if engine not in after["engines"]}
+        assert not [engine for engine, pid in gone.items() if Path(f"/proc/{pid}").exists()], name
+        assert after["answers"] == answers, name
+    assert set(layouts["two"]["before"]["engines"]) == {"vllm"} and set(layouts["one again"]["before"]["engines"]) == {
+        "vllm-1", "vllm-2"}
+    # The changes kept the host serving: the new instance that needs nothing of the old engine's
+    # started first, and an old engine went only when an instance needed its port and GPUs.
+    for name in ("two", "one again"):
+        samples = layouts[name]["samples"]
+        assert len(samples) > 20 and never_down(samples) == [], name
+    # The retirements were changes the run reported, and a second run changes nothing.
+    retired = [result for result in layouts["two"]["run"].results(eight.name, "Run the engine, restarting it on a new release or drift")
+               if result.get("retired")]
+    assert [(result["name"], [done["name"] for done in result["retired"]]) for result in retired] == [("vllm-1", ["vllm"])]
+    (last,) = layouts["one again"]["run"].results(eight.name, "Retire the engines the host's layout does not name")
+    assert last["changed"] and [done["name"] for done in last["retired"]] == ["vllm-2"]
+
+
+def test_a_rollback_across_a_layout_change_returns_the_layout_its_release_recorded(lab, layouts):
+    eight = lab.hosts[1]
+    after = layouts["rollback"]["after"]
+    # The inventory names one engine; the release rolled back to ran two, and two run.
+    assert after["release"]["id"] == "sub521" and after["files"] == [
+        "vllm-1.json", "vllm-1.pid", "vllm-2.json", "vllm-2.pid"]
+    assert all(after["alive"].values()) and after["answers"] == {8000: True, 8001: True}
+    vllm_pid = layouts["rollback"]["before"]["engines"]["vllm"]
+    assert not Path(f"/proc/{vllm_pid}").exists()
+    for name, port, gpus in (("vllm-1", "8000", "0,1,2,3"), ("vllm-2", "8001", "4,5,6,7")):
+        argv, environ = engine_process(eight, name)
+        assert option_values(argv)["--port"] == port and environ["CUDA_VISIBLE_DEVICES"] == gpus, name
+    shown = layouts["rollback"]["run"].stdout().split("RELEASES", 1)[1]
+    assert f"{eight.name}/vllm-1: sub521 rolled back" in shown and f"{eight.name}/vllm-2: sub521 rolled back" in shown
+
+
+def test_a_port_a_foreign_process_listens_on_is_refused_before_anything_changes(lab, deployed, tmp_path):
+    eight = lab.hosts[1]
+    before = {host.name: what_the_host_runs(host) for host in lab.hosts}
+    # A process the collection did not start listens on the port vllm-2 is given.
+    foreign = subprocess.Popen(["ip", "netns", "exec", eight.name, sys.executable, "-m", "http.server", "8002",
+                                "--bind", "127.0.0.1"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 10
+        while ":1F42 " not in subprocess.run(["ip", "netns", "exec", eight.name, "cat", "/proc/net/tcp"],
+                                             capture_output=True, text=True, check=True).stdout:
+            assert time.monotonic() < deadline and foreign.poll() is None, "the foreign process never listened"
+            time.sleep(0.1)
+        run = run_playbook(DEPLOY, lab.inventory_path, tmp_path, extravars={
+            "serving_release": "sub598", **on_eight(lab, [{"name": "vllm-1"}, {"name": "vllm-2", "port": 8002}])})
+    finally:
+        foreign.terminate()
+        foreign.wait()
+    assert run.rc != 0 and run.hosts_with("changed") == set()
+    assert (f"{eight.name}/vllm-2: port 8002 held by another process: pid {foreign.pid} "
+            f"({sys.executable} -m http.server 8002 --bind 127.0.0.1)") in run.stdout()
+    # Refused while the facts were checked: no host staged, stopped or started anything.
+    for host in lab.hosts:
+        after = what_the_host_runs(host)
+        assert (after["release"]["id"], after["engines"], after["files"]) == (
+            before[host.name]["release"]["id"], before[host.name]["engines"], before[host.name]["files"]), host.name
+        assert not host.path(f"{STATE}/releases/sub598").exists(), host.name
