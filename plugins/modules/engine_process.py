@@ -56,7 +56,7 @@ options:
   name:
     description:
       - The engine's name; it names the default pid and log files.
-      - Required but with O(state=absent) given O(layout).
+      - Required, except with O(state=absent) given O(layout).
     type: str
   command:
     description:
