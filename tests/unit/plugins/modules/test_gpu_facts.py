@@ -5,7 +5,6 @@ import stat
 import sys
 import textwrap
 import time
-from pathlib import Path
 
 import pytest
 
