@@ -280,7 +280,7 @@ def test_a_host_changes_its_engine_layout_and_back_retiring_what_the_new_one_doe
     for name in ("two", "one again"):
         samples = layouts[name]["samples"]
         assert len(samples) > 20 and never_down(samples) == [], name
-    # The retirements were changes the run reported, and a second run changes nothing.
+    # Each retirement was a change the run reported, naming the engine.
     retired = [result for result in layouts["two"]["run"].results(eight.name, "Run the engine, restarting it on a new release or drift")
                if result.get("retired")]
     assert [(result["name"], [done["name"] for done in result["retired"]]) for result in retired] == [("vllm-1", ["vllm"])]
@@ -288,11 +288,11 @@ def test_a_host_changes_its_engine_layout_and_back_retiring_what_the_new_one_doe
     assert last["changed"] and [done["name"] for done in last["retired"]] == ["vllm-2"]
 
 
-def test_a_rollback_across_a_layout_change_returns_the_layout_its_release_recorded(lab, layouts):
+def test_a_rollback_across_a_layout_change_returns_the_layout_its_release_recorded(lab, layouts, tmp_path):
     eight = lab.hosts[1]
     after = layouts["rollback"]["after"]
     # The inventory names one engine; the release rolled back to ran two, and two run.
-    assert after["release"]["id"] == "sub521" and after["files"] == [
+    assert (after["release"]["id"], after["release"]["status"]) == ("sub521", "good") and after["files"] == [
         "vllm-1.json", "vllm-1.pid", "vllm-2.json", "vllm-2.pid"]
     assert all(after["alive"].values()) and after["answers"] == {8000: True, 8001: True}
     vllm_pid = layouts["rollback"]["before"]["engines"]["vllm"]
@@ -302,6 +302,10 @@ def test_a_rollback_across_a_layout_change_returns_the_layout_its_release_record
         assert option_values(argv)["--port"] == port and environ["CUDA_VISIBLE_DEVICES"] == gpus, name
     shown = layouts["rollback"]["run"].stdout().split("RELEASES", 1)[1]
     assert f"{eight.name}/vllm-1: sub521 rolled back" in shown and f"{eight.name}/vllm-2: sub521 rolled back" in shown
+    # A deploy of the layout the host now runs finds nothing to start, stop or retire.
+    again = run_playbook(DEPLOY, lab.inventory_path, tmp_path, limit=eight.name, extravars=on_eight(lab))
+    assert again.rc == 0 and again.hosts_with("changed") == set(), again.stats
+    assert what_the_host_runs(eight)["engines"] == after["engines"]
 
 
 def test_a_port_a_foreign_process_listens_on_is_refused_before_anything_changes(lab, deployed, tmp_path):
