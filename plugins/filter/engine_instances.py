@@ -8,6 +8,7 @@ from __future__ import annotations
 from ansible_collections.biv100.serving.plugins.plugin_utils._engine_instances import (
     engine_instance_problems,
     engine_instances,
+    engine_start_order,
     instance_record,
     recorded_instance,
 )
@@ -16,4 +17,5 @@ from ansible_collections.biv100.serving.plugins.plugin_utils._engine_instances i
 class FilterModule:
     def filters(self):
         return {"engine_instances": engine_instances, "engine_instance_problems": engine_instance_problems,
+                "engine_start_order": engine_start_order,
                 "instance_record": instance_record, "recorded_instance": recorded_instance}

@@ -30,19 +30,24 @@ MANAGERS = ("systemd", "supervisord", "pidfile")
 SYSTEMD_RUNTIME_DIR = "/run/systemd/system"
 
 
-def choose_manager(params, run_command):
-    """systemd where PID 1 is systemd, supervisord where one answers, else the pid file."""
+def chosen_manager_name(params, run_command):
+    """systemd where PID 1 is systemd, supervisord where one answers, else pidfile; or the one
+    params name."""
     name = params["manager"]
-    if name == "auto":
-        if os.path.isdir(SYSTEMD_RUNTIME_DIR) and (params["systemctl"] or shutil.which("systemctl")):
-            name = "systemd"
-        elif supervisord_answers(params, run_command):
-            name = "supervisord"
-        else:
-            name = "pidfile"
+    if name != "auto":
+        return name
+    if os.path.isdir(SYSTEMD_RUNTIME_DIR) and (params["systemctl"] or shutil.which("systemctl")):
+        return "systemd"
+    if supervisord_answers(params, run_command):
+        return "supervisord"
+    return "pidfile"
+
+
+def choose_manager(params, run_command):
+    """The manager params name (auto: chosen_manager_name), for the engine params name."""
     manager = {
         "systemd": SystemdManager,
         "supervisord": SupervisordManager,
         "pidfile": PidFileManager,
-    }[name]
+    }[chosen_manager_name(params, run_command)]
     return manager(params, run_command)

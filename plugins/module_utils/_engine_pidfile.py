@@ -67,6 +67,12 @@ class PidFileManager(object):
     def install(self, text):
         raise AssertionError("the pid-file launcher installs no definition")
 
+    def uninstall(self):
+        raise AssertionError("the pid-file launcher installs no definition")
+
+    def installed_names(self):
+        return []  # its engines are known by their pid files alone
+
     def stop(self, engine):
         terminate(engine, self.params["stop_timeout"], self.params["name"])
         remove_pid_files(self.params["pid_file"])

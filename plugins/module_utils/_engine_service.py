@@ -10,6 +10,7 @@ Runs on the host: standard library only, Python 3.8, Linux.
 
 from __future__ import annotations
 
+import os
 import time
 
 from ansible_collections.biv100.serving.plugins.module_utils._engine_group import (
@@ -30,6 +31,19 @@ from ansible_collections.biv100.serving.plugins.module_utils._engine_log import 
     start_failure,
     write_start_header,
 )
+
+
+def definition_names(directory, prefix, suffix):
+    """The engine names of the definition files in directory named <prefix><name><suffix>."""
+    try:
+        files = os.listdir(directory)
+    except OSError:
+        return []
+    return sorted(
+        name[len(prefix):-len(suffix)]
+        for name in files
+        if name.startswith(prefix) and name.endswith(suffix) and len(name) > len(prefix) + len(suffix)
+    )
 
 
 class ServiceManager(object):

@@ -14,11 +14,15 @@ import shutil
 
 from ansible_collections.biv100.serving.plugins.module_utils._engine_identity import EngineError
 from ansible_collections.biv100.serving.plugins.module_utils._engine_log import start_failure
-from ansible_collections.biv100.serving.plugins.module_utils._engine_service import ServiceManager
+from ansible_collections.biv100.serving.plugins.module_utils._engine_service import (
+    ServiceManager,
+    definition_names,
+)
 from ansible_collections.biv100.serving.plugins.module_utils._state_store import atomic_write
 
 # Where Debian's and Red Hat's supervisord.conf include program files from, with the suffix.
 SUPERVISOR_INCLUDE_DIRS = (("/etc/supervisor/conf.d", ".conf"), ("/etc/supervisord.d", ".ini"))
+PROGRAM_PREFIX = "biv100-serving-"
 
 
 def supervisor_quote(word):
@@ -48,10 +52,10 @@ class SupervisordManager(ServiceManager):
 
     def __init__(self, params, run_command):
         ServiceManager.__init__(self, params, run_command)
-        self.unit = "biv100-serving-%s" % params["name"]
+        self.unit = PROGRAM_PREFIX + params["name"]
         self.control_command = params["supervisorctl"] or shutil.which("supervisorctl") or "supervisorctl"
-        directory, suffix = supervisor_include_dir(params["supervisor_conf_dir"])
-        self.definition_path = os.path.join(directory, self.unit + suffix)
+        self.include_dir, self.suffix = supervisor_include_dir(params["supervisor_conf_dir"])
+        self.definition_path = os.path.join(self.include_dir, self.unit + self.suffix)
 
     def definition(self, command, env, unit_env):
         """The program section; supervisord reads no env file, so the whole environment is in
@@ -100,6 +104,23 @@ class SupervisordManager(ServiceManager):
         # update: supervisord takes the new section (stopping the program first when it ran
         # under the old one).
         self.control("update", self.unit)
+
+    def uninstall(self):
+        """Remove the program file and the program from supervisord (which stops it first), so
+        that nothing starts this engine again."""
+        os.unlink(self.definition_path)
+        self.control("reread")
+        rc, out, err = self.run_command([self.control_command, "update", self.unit])
+        # A program supervisord never took (its file written, its reread refused) is no group.
+        if rc != 0 and "no such group" not in (out + err).lower():
+            raise EngineError(
+                "%s update %s failed (rc %d): %s"
+                % (self.control_command, self.unit, rc, (err or out).strip())
+            )
+
+    def installed_names(self):
+        """The engines whose program files the collection wrote."""
+        return definition_names(self.include_dir, PROGRAM_PREFIX, self.suffix)
 
     def main_pid(self):
         rc, out, err = self.run_command([self.control_command, "pid", self.unit])

@@ -13,10 +13,14 @@ import os
 import re
 import shutil
 
-from ansible_collections.biv100.serving.plugins.module_utils._engine_service import ServiceManager
+from ansible_collections.biv100.serving.plugins.module_utils._engine_service import (
+    ServiceManager,
+    definition_names,
+)
 from ansible_collections.biv100.serving.plugins.module_utils._state_store import atomic_write
 
 SYSTEMD_UNIT_DIR = "/etc/systemd/system"
+UNIT_PREFIX, UNIT_SUFFIX = "biv100-serving-", ".service"
 
 
 def systemd_quote(argument):
@@ -30,7 +34,7 @@ class SystemdManager(ServiceManager):
 
     def __init__(self, params, run_command):
         ServiceManager.__init__(self, params, run_command)
-        self.unit = "biv100-serving-%s.service" % params["name"]
+        self.unit = UNIT_PREFIX + params["name"] + UNIT_SUFFIX
         self.definition_path = os.path.join(SYSTEMD_UNIT_DIR, self.unit)
         self.control_command = params["systemctl"] or shutil.which("systemctl") or "systemctl"
 
@@ -80,6 +84,16 @@ class SystemdManager(ServiceManager):
         atomic_write(self.definition_path, text.encode("utf-8"), mode=0o644)
         self.control("daemon-reload")
         self.control("enable", self.unit)
+
+    def uninstall(self):
+        """Disable and remove the unit, so that nothing starts this engine again."""
+        self.control("disable", self.unit)
+        os.unlink(self.definition_path)
+        self.control("daemon-reload")
+
+    def installed_names(self):
+        """The engines whose units the collection wrote."""
+        return definition_names(SYSTEMD_UNIT_DIR, UNIT_PREFIX, UNIT_SUFFIX)
 
     def main_pid(self):
         out = self.control("show", "--property=MainPID", self.unit)

@@ -25,8 +25,19 @@ description:
     its state back from C(/proc).
   - Whatever runs it, the engine's pid is kept in O(pid_file), with a record of its start time
     and manager beside it in C(<pid file stem>.json), so that M(biv100.serving.gpu_facts) tells
-    the engine from foreign GPU holders. An engine the launcher started is stopped before a
+    the engine from foreign GPU holders and the collection knows the engines it started on the
+    host (the pid files in O(pid_dir)). An engine the launcher started is stopped before a
     service manager starts one.
+  - Given O(layout), the names of every engine the host is to run, a start or restart first makes
+    way - each of the collection's other running engines that listens on O(port) or sees one of
+    this engine's GPUs (its C(CUDA_VISIBLE_DEVICES)) is stopped by the manager that started it,
+    and retired when O(layout) does not name it (RV(retired)). An engine of the layout stopped
+    so is started again at its own turn.
+  - V(absent) retires an engine - stops it by the manager its launch record names and removes
+    its systemd unit or supervisord program file and its pid file, so that nothing starts it
+    again; its env file and log stay. With O(layout) instead of O(name), it retires every engine
+    of the collection's on the host (a pid file in O(pid_dir), or a unit or program file of the
+    host's manager) that O(layout) does not name.
   - The engine's environment is a minimal base (C(PATH), C(HOME), C(LANG=C.UTF-8)), then the
     variables of O(env_file), then O(env); never the environment of the connection that runs
     the module, so that the same task starts the same engine every time.
@@ -43,9 +54,10 @@ author:
   - biv100.serving maintainers (!UNKNOWN)
 options:
   name:
-    description: The engine's name; it names the default pid and log files.
+    description:
+      - The engine's name; it names the default pid and log files.
+      - Required, except with O(state=absent) given O(layout).
     type: str
-    required: true
   command:
     description:
       - The engine's argv, compared with the running engine's C(/proc/<pid>/cmdline).
@@ -102,10 +114,36 @@ options:
       - V(started) starts the engine when it is not running and restarts it when it drifted.
       - V(restarted) stops and starts it unconditionally.
       - V(stopped) stops it.
+      - V(absent) retires it (see the description), or with O(layout) every engine of the
+        collection's that O(layout) does not name.
       - V(status) only reports.
     type: str
-    choices: [started, stopped, restarted, status]
+    choices: [started, stopped, restarted, status, absent]
     default: started
+  layout:
+    description:
+      - The names of every engine the host is to run, O(name) among them.
+      - With O(state=started) and O(state=restarted), a start or restart first stops each other
+        running engine of the collection's that holds O(port) or one of this engine's GPUs, and
+        retires it when this list does not name it.
+      - With O(state=absent) and no O(name), every engine of the collection's that this list does
+        not name is retired.
+    type: list
+    elements: str
+    version_added: 0.2.0
+  port:
+    description:
+      - The TCP port the engine listens on, which O(layout) frees before a start. The engine's
+        own command line sets it; this only says which it is.
+    type: int
+    version_added: 0.2.0
+  pid_dir:
+    description:
+      - The folder of the collection's pid files, where O(pid_file) is by default and where the
+        collection's other engines are found (O(layout), O(state=absent)).
+    type: path
+    default: /run/biv100-serving
+    version_added: 0.2.0
   manager:
     description:
       - What runs the engine. V(auto) takes systemd when C(/run/systemd/system) exists,
@@ -127,7 +165,7 @@ options:
         of C(/etc/supervisor/conf.d) and C(/etc/supervisord.d).
     type: path
   pid_file:
-    description: The pid file. Defaults to C(/run/biv100-serving/<name>.pid).
+    description: The pid file. Defaults to C(<pid_dir>/<name>.pid).
     type: path
   log_file:
     description:
@@ -161,11 +199,12 @@ attributes:
   check_mode:
     support: full
     details:
-      - Reports what it would start, restart or stop; starts and stops nothing.
+      - Reports what it would start, restart, stop or retire; starts, stops and removes nothing.
   diff_mode:
     support: full
     details:
-      - The engine's running state, command and environment before and after.
+      - The engine's running state, command and environment before and after; the engines
+        of the collection's the task retires, before and after.
   platform:
     support: full
     platforms: linux
@@ -176,6 +215,8 @@ notes:
     systemd 240 or newer.
   - A stale pid file is reported in a warning, and removed by every state but V(status);
     removing it alone is no change, since nothing was running.
+  - The collection's engines are those whose pid files are in O(pid_dir); an engine given
+    another O(pid_file) is left out of O(layout) and O(state=absent) without O(name).
 seealso:
   - module: biv100.serving.engine_health
 """
@@ -210,11 +251,26 @@ EXAMPLES = r"""
   biv100.serving.engine_process:
     name: vllm
     state: stopped
+
+- name: Run vllm-2 of a host of two engines, first stopping any other engine on its port or GPUs
+  biv100.serving.engine_process:
+    name: vllm-2
+    command: "{{ vllm_2_command }}"
+    env_file: /etc/biv100-serving/vllm-2.env
+    port: 8001
+    layout: [vllm-1, vllm-2]
+
+- name: Retire the engines the host no longer runs
+  biv100.serving.engine_process:
+    state: absent
+    layout: [vllm-1, vllm-2]
 """
 
 RETURN = r"""
 name:
-  description: The engine's name (O(name)); an engine instance's, on a host that runs several.
+  description:
+    - The engine's name (O(name)); an engine instance's, on a host that runs several.
+    - Null for O(state=absent) without O(name).
   returned: always
   type: str
   sample: vllm-1
@@ -226,11 +282,32 @@ manager:
   choices: [systemd, supervisord, pidfile]
   sample: supervisord
 action:
-  description: What the task did (or would do, in check mode).
+  description:
+    - What the task did (or would do, in check mode) to the engine; V(retire) for
+      O(state=absent) when it retired any.
   returned: always
   type: str
-  choices: [none, start, restart, stop]
+  choices: [none, start, restart, stop, retire]
   sample: restart
+retired:
+  description:
+    - The collection's engines the task stopped or retired (or would, in check mode) - to make
+      way for this one, or with O(state=absent) - each with its C(name), C(manager), the C(pid)
+      it ran as (null when it was not running), its C(action) (V(stop) for an engine of
+      O(layout), started again at its turn; V(retire) when it was stopped and its unit or program
+      file and pid file removed), the unit or program file C(removed) (null when none) and, when
+      it made way, what it C(held) of this engine's port and GPUs.
+  returned: always
+  type: list
+  elements: dict
+  version_added: 0.2.0
+  sample:
+    - name: vllm
+      manager: pidfile
+      pid: 48213
+      action: retire
+      removed: null
+      held: [port 8000, GPU 0,1,2,3]
 running:
   description: Whether the engine runs after the task.
   returned: always
@@ -272,12 +349,12 @@ started_at:
   type: str
   sample: "2026-05-09T07:35:25Z"
 log_file:
-  description: The engine's log.
+  description: The engine's log; null for O(state=absent) without O(name).
   returned: always
   type: str
   sample: /var/log/biv100-serving/vllm.log
 pid_file:
-  description: The engine's pid file.
+  description: The engine's pid file; null for O(state=absent) without O(name).
   returned: always
   type: str
   sample: /run/biv100-serving/vllm.pid
@@ -318,10 +395,18 @@ from ansible_collections.biv100.serving.plugins.module_utils._engine_managers im
 )
 from ansible_collections.biv100.serving.plugins.module_utils._engine_pidfile import PidFileManager
 from ansible_collections.biv100.serving.plugins.module_utils._engine_process import PID_DIR
+from ansible_collections.biv100.serving.plugins.module_utils._engine_retire import (
+    changed_anything,
+    in_the_way,
+    retire,
+    retirement_candidates,
+    retirement_words,
+)
 from ansible_collections.biv100.serving.plugins.module_utils._env_file import (
     parse_env_text,
     read_env_file,
 )
+from ansible_collections.biv100.serving.plugins.module_utils._own_engines import device_items
 from ansible_collections.biv100.serving.plugins.module_utils._state_store import atomic_write
 
 # The whole inherited environment of the engine, before env_file and env.
@@ -431,30 +516,103 @@ def desired_view(action, observed, command, env):
 PAST_TENSE = {"start": "started", "restart": "restarted", "stop": "stopped"}
 
 
-def message(name, manager, action, check_mode, after):
+def message(name, manager, action, check_mode, after, retired):
     if action != "none":
-        return "%s %s %s by %s" % (
+        text = "%s %s %s by %s" % (
             name,
             "would be" if check_mode else "was",
             PAST_TENSE[action],
             manager,
         )
-    if after["running"]:
-        return "%s runs as pid %d under %s" % (name, after["pid"], manager)
-    return "%s is not running" % name
+    elif after["running"]:
+        text = "%s runs as pid %d under %s" % (name, after["pid"], manager)
+    else:
+        text = "%s is not running" % name
+    if retired:
+        text += "; to make way, %s" % "; ".join(retirement_words(done, check_mode) for done in retired)
+    return text
+
+
+def make_way(module, in_way, check_mode):
+    """Stop each engine in the way (retiring those the layout does not name): what was done."""
+    params = module.params
+    retired = []
+    for engine, held in in_way:
+        remove = engine.name not in params["layout"]
+        done = retire(params, module.run_command, engine.name, engine.manager, remove, check_mode)
+        done["held"] = held
+        retired.append(done)
+    return retired
+
+
+def retire_others(module):
+    """state=absent: retire the engine O(name), or every engine O(layout) does not name."""
+    params = module.params
+    name, layout = params["name"], params["layout"]
+    if name and layout is not None:
+        module.fail_json(
+            msg="state=absent takes name (the engine to retire) or layout (the engines to keep), not both"
+        )
+    try:
+        host_manager = choose_manager(dict(params, name=name or ""), module.run_command)
+        if name:
+            kept, names = [], [name]
+        else:
+            present = retirement_candidates(params, host_manager)
+            kept = [other for other in present if other in layout]
+            names = [other for other in present if other not in layout]
+        done = [
+            retire(params, module.run_command, other, host_manager.name, True, module.check_mode)
+            for other in names
+        ]
+    except EngineError as error:
+        module.fail_json(msg=str(error), **error.extra)
+    except OSError as error:
+        module.fail_json(msg="%s: %s" % (name or "retiring", error))
+    retired = [entry for entry in done if changed_anything(entry)]
+    if retired:
+        text = "; ".join(retirement_words(entry, module.check_mode) for entry in retired)
+    elif name:
+        text = "%s is not running and has no unit or program file" % name
+    else:
+        text = "nothing to retire"
+    if kept:
+        text += "; kept %s" % ", ".join(kept)
+    result = dict(
+        changed=bool(retired),
+        name=name,
+        action="retire" if retired else "none",
+        manager=host_manager.name,
+        retired=retired,
+        drift=[],
+        env_file=params["env_file"],
+        env_file_matches=None,
+        log_file=params["log_file"],
+        pid_file=params["pid_file"],
+        msg=text,
+        **NOT_RUNNING
+    )
+    if module._diff:
+        result["diff"] = {
+            "before": {"engines": sorted(kept + [entry["name"] for entry in retired])},
+            "after": {"engines": kept},
+        }
+    module.exit_json(**result)
 
 
 def write_env_file(params):
     atomic_write(params["env_file"], params["env_file_content"].encode("utf-8"), mode=0o600)
 
 
-def apply(module, manager, action, engine, definition, desired_env, env_file_stale):
-    """Write the env file, stop, install the new definition, start: each step only when planned."""
+def apply(module, manager, action, engine, definition, desired_env, env_file_stale, in_way):
+    """Write the env file, make way, stop, install the new definition, start: each step only when
+    planned. Returns (the engine's state after, the engines retired to make way)."""
     params = module.params
     command = params["command"]
     after = engine.observed(desired_env) if engine else dict(NOT_RUNNING)
     if env_file_stale:
         write_env_file(params)
+    retired = make_way(module, in_way, False)
     if action in ("start", "restart") and manager.name != PidFileManager.name:
         # An engine the launcher started holds the GPUs and the port: it goes before the
         # managed one starts.
@@ -471,13 +629,13 @@ def apply(module, manager, action, engine, definition, desired_env, env_file_sta
         after = manager.start(command, desired_env).observed(desired_env)
     elif engine is not None and action == "none":
         manager.refresh_pid_file(engine, command)
-    return after
+    return after, retired
 
 
 def main():
     module = AnsibleModule(
         argument_spec=dict(
-            name=dict(type="str", required=True),
+            name=dict(type="str"),
             command=dict(type="list", elements="str"),
             env=dict(type="dict", default={}),
             env_file=dict(type="path"),
@@ -486,8 +644,13 @@ def main():
             secret_env=dict(type="list", elements="str", default=["VLLM_API_KEY"], no_log=False),
             cwd=dict(type="path", default="/"),
             state=dict(
-                type="str", choices=["started", "stopped", "restarted", "status"], default="started"
+                type="str",
+                choices=["started", "stopped", "restarted", "status", "absent"],
+                default="started",
             ),
+            layout=dict(type="list", elements="str"),
+            port=dict(type="int"),
+            pid_dir=dict(type="path", default=PID_DIR),
             manager=dict(type="str", choices=["auto"] + list(MANAGERS), default="auto"),
             pid_file=dict(type="path"),
             log_file=dict(type="path"),
@@ -499,13 +662,25 @@ def main():
             supervisorctl=dict(type="path"),
             supervisor_conf_dir=dict(type="path"),
         ),
-        required_if=[("state", "started", ("command",)), ("state", "restarted", ("command",))],
+        required_if=[
+            ("state", "started", ("name", "command")),
+            ("state", "restarted", ("name", "command")),
+            ("state", "stopped", ("name",)),
+            ("state", "status", ("name",)),
+            ("state", "absent", ("name", "layout"), True),
+        ],
         supports_check_mode=True,
     )
     params = module.params
-    params["pid_file"] = params["pid_file"] or os.path.join(PID_DIR, params["name"] + ".pid")
-    params["log_file"] = params["log_file"] or "/var/log/biv100-serving/%s.log" % params["name"]
+    if params["name"]:
+        params["pid_file"] = params["pid_file"] or os.path.join(params["pid_dir"], params["name"] + ".pid")
+        params["log_file"] = params["log_file"] or "/var/log/biv100-serving/%s.log" % params["name"]
     state, command = params["state"], params["command"]
+    if state == "absent":
+        retire_others(module)
+    layout = params["layout"]
+    if layout is not None and state in ("started", "restarted") and params["name"] not in layout:
+        module.fail_json(msg="layout %s does not name %s, the engine to run" % (", ".join(layout), params["name"]))
     if command is not None and not command:
         module.fail_json(msg="command is empty")
 
@@ -550,6 +725,15 @@ def main():
             if engine is not None:
                 drifted.append("%s differs from the desired one" % manager.definition_path)
     action = planned_action(state, engine, drifted)
+    in_way = []
+    if layout is not None and action in ("start", "restart"):
+        devices = device_items(desired_env.get("CUDA_VISIBLE_DEVICES"))
+        try:
+            in_way = in_the_way(params, params["name"], params["port"], devices)
+        except EngineError as error:
+            module.fail_json(msg=str(error), **error.extra)
+        except OSError as error:
+            module.fail_json(msg="%s: finding the engines in its way: %s" % (params["name"], error))
 
     if stale:
         removes = state != "status" and not module.check_mode
@@ -561,16 +745,20 @@ def main():
             remove_pid_files(params["pid_file"])
     env_file_stale = matches is False and state in ("started", "restarted")
     after = before
-    if not module.check_mode:
-        try:
-            after = apply(module, manager, action, engine, definition, desired_env, env_file_stale)
-        except EngineError as error:
-            module.fail_json(msg=str(error), **error.extra)
-        except OSError as error:
-            module.fail_json(msg="%s: %s" % (params["name"], error))
+    try:
+        if module.check_mode:
+            retired = make_way(module, in_way, True)
+        else:
+            after, retired = apply(
+                module, manager, action, engine, definition, desired_env, env_file_stale, in_way
+            )
+    except EngineError as error:
+        module.fail_json(msg=str(error), **error.extra)
+    except OSError as error:
+        module.fail_json(msg="%s: %s" % (params["name"], error))
 
     result = dict(
-        changed=action != "none" or definition is not None or env_file_stale,
+        changed=action != "none" or definition is not None or env_file_stale or bool(retired),
         name=params["name"],
         action=action,
         manager=manager.name,
@@ -579,7 +767,8 @@ def main():
         drift=drifted,
         log_file=params["log_file"],
         pid_file=params["pid_file"],
-        msg=message(params["name"], manager.name, action, module.check_mode, after),
+        retired=retired,
+        msg=message(params["name"], manager.name, action, module.check_mode, after, retired),
         **after
     )
     if module._diff:
@@ -587,6 +776,11 @@ def main():
             "before": diff_view(before),
             "after": diff_view(desired_view(action, before, command, desired_env)),
         }
+        if retired:
+            result["diff"]["before"]["others"] = dict((entry["name"], "running") for entry in retired)
+            result["diff"]["after"]["others"] = dict(
+                (entry["name"], "retired" if entry["action"] == "retire" else "stopped") for entry in retired
+            )
     module.exit_json(**result)
 
 

@@ -11,10 +11,14 @@ __metaclass__ = type
 DOCUMENTATION = r"""
 ---
 module: gpu_facts
-short_description: Report the Iluvatar CoreX GPUs of a host and the processes holding them
+short_description: Report the GPUs and TCP ports of a host, what holds them, and the collection's engines
 description:
   - Runs C(ixsmi), the CoreX counterpart of C(nvidia-smi), twice (GPU query and compute-process
     query) and parses its CSV output into a list of GPUs.
+  - Lists the collection's running engines (RV(gpu_facts.engines)) and every TCP port the host
+    listens on with the process holding it (RV(gpu_facts.ports)), read from C(/proc), so that an
+    engine's GPUs and port held by one of the collection's own engines are told from those a
+    foreign process holds.
   - Read-only; never changes anything on the host.
 version_added: "0.1.0"
 author:
@@ -39,10 +43,13 @@ options:
         default every C(*.pid) file in C(/run/biv100-serving), where it keeps the pid file of
         each engine it starts, so that an engine the inventory no longer names is still known
         as the collection's.
+      - A pid file names the collection's engine when its process is the one its launch record
+        C(<name>.json) beside it describes (same pid and start time), so a pid reused by another
+        process is never taken for an engine.
       - Each engine runs in a process group of its own; GPU processes in that group are the
         engine's workers, marked C(own) and named by C(instance) (the pid file's name without
         C(.pid)), and do not make their GPU busy, so a redeploy finds the GPUs its running
-        engines hold still available to them.
+        engines hold still available to them. The ports they listen on are marked the same way.
     type: list
     elements: path
     aliases: [own_pid_files]
@@ -131,17 +138,57 @@ gpu_facts:
       description: Whether C(ixsmi) answered the compute-process query.
       type: bool
       sample: true
+    engines:
+      description:
+        - The collection's running engines (those of O(own_pid_file)), by name.
+        - C(ports) are the TCP ports its processes listen on; C(gpus) the indexes of the GPUs its
+          C(CUDA_VISIBLE_DEVICES) names (as indexes or UUIDs; every GPU when it is unset), and
+          C(visible_devices) that value as the engine has it (null when unset).
+        - C(manager) is what runs it (the launch record's C(systemd), C(supervisord) or
+          C(pidfile)).
+      type: list
+      elements: dict
+      version_added: 0.2.0
+      sample:
+        - name: vllm
+          pid: 48213
+          manager: pidfile
+          started_at: "2026-05-09T07:35:25Z"
+          pid_file: /run/biv100-serving/vllm.pid
+          ports: [8000]
+          gpus: [0, 1, 2, 3]
+          visible_devices: "0,1,2,3"
+    ports:
+      description:
+        - Every TCP port the host listens on (IPv4 and IPv6), by port, with the process holding
+          it - C(pid) and C(command) (its command line) are null when the module may not read
+          the holder's descriptors (another user's process, to a module that is not root).
+        - C(own) and C(instance) as for RV(gpu_facts.processes).
+      type: list
+      elements: dict
+      version_added: 0.2.0
+      sample:
+        - port: 8000
+          address: 0.0.0.0
+          pid: 48213
+          command: /usr/local/corex/bin/python3 -m vllm.entrypoints.openai.api_server --port 8000
+          own: true
+          instance: vllm
 """
 
 import csv
 import os
-import stat
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.biv100.serving.plugins.module_utils._engine_process import (
-    PID_DIR,
-    is_alive,
+    command_line,
     process_stat,
+)
+from ansible_collections.biv100.serving.plugins.module_utils._listening_ports import listening_ports
+from ansible_collections.biv100.serving.plugins.module_utils._own_engines import (
+    device_items,
+    pid_files,
+    running_engines,
 )
 
 GPU_FIELDS = ("index", "name", "uuid", "memory.total", "memory.used", "utilization.gpu")
@@ -209,45 +256,60 @@ def gpu_from_row(row):
     }
 
 
-def own_engine_group(pid_file):
-    """The process group of the collection's running engine (its pid: a session of its own)."""
-    if not pid_file:
-        return None
-    try:
-        with open(pid_file) as stream:
-            pid = int(stream.read().strip())
-    except (OSError, ValueError):
-        return None
-    return pid if is_alive(pid) else None
+def own_pid_files(listed):
+    """The pid files given, else every pid file in the collection's pid folder."""
+    return listed if listed is not None else pid_files()
 
 
-def own_pid_files(listed, pid_dir=PID_DIR):
-    """The pid files given, else every regular *.pid file in the collection's pid folder."""
-    if listed is not None:
-        return listed
-    try:
-        names = sorted(os.listdir(pid_dir))
-    except OSError:
-        return []
-    found = []
-    for path in (os.path.join(pid_dir, name) for name in names if name.endswith(".pid")):
-        try:
-            if stat.S_ISREG(os.lstat(path).st_mode):
-                found.append(path)
-        except OSError:
-            continue  # gone meanwhile: its engine stopped
-    return found
+def engine_groups(engines):
+    """{process group: instance name} of the collection's running engines (each leads a group
+    of its own)."""
+    return dict((engine.pid, engine.name) for engine in engines)
 
 
-def own_engine_groups(pid_files):
-    """{process group: instance name} of the collection's running engines."""
-    groups = {}
-    for pid_file in pid_files or ():
-        group = own_engine_group(pid_file)
-        if group:
-            name = os.path.basename(pid_file)
-            groups[group] = name[:-len(".pid")] if name.endswith(".pid") else name
-    return groups
+def gpu_indexes(visible_devices, gpus):
+    """The indexes of the GPUs a CUDA_VISIBLE_DEVICES value names (by index or UUID); every GPU
+    when it is unset."""
+    items = device_items(visible_devices)
+    if items is None:
+        return [gpu["index"] for gpu in gpus]
+    by_uuid = dict((gpu["uuid"], gpu["index"]) for gpu in gpus)
+    indexes = []
+    for item in items:
+        index = int(item) if item.isdigit() else by_uuid.get(item)
+        if index is not None and index not in indexes:
+            indexes.append(index)
+    return indexes
+
+
+def engine_fact(engine, gpus):
+    fact = engine.fact()
+    fact["gpus"] = gpu_indexes(engine.visible_devices, gpus)
+    return fact
+
+
+def port_facts(listeners, engines):
+    """Each listening socket with the process holding it, own (and its instance) when that is
+    one of the collection's engines' processes."""
+    owner = {}
+    for engine in engines:
+        for pid in engine.pids:
+            owner[pid] = engine.name
+    facts = []
+    for listener in listeners:
+        pids = listener["pids"]
+        instance = next((owner[pid] for pid in pids if pid in owner), None)
+        pid = pids[0] if pids else None
+        command = command_line(pid) if pid else None
+        facts.append({
+            "port": listener["port"],
+            "address": listener["address"],
+            "pid": pid,
+            "command": " ".join(command) if command else None,
+            "own": instance is not None,
+            "instance": instance,
+        })
+    return facts
 
 
 def instance_of(pid, groups):
@@ -284,9 +346,11 @@ def gather(module):
     if gpu_rows is None:
         module.fail_json(msg="%s --query-gpu failed: %s" % (ixsmi, error), ixsmi=ixsmi)
     process_rows, _error = query(module, ixsmi, "--query-compute-apps", PROCESS_FIELDS)
+    listeners = listening_ports()
+    engines = running_engines(own_pid_files(module.params["own_pid_file"]), listeners)
     try:
         gpus = sorted((gpu_from_row(row) for row in gpu_rows), key=lambda gpu: gpu["index"])
-        processes = attach_processes(gpus, process_rows or [], own_engine_groups(own_pid_files(module.params["own_pid_file"])))
+        processes = attach_processes(gpus, process_rows or [], engine_groups(engines))
     except ValueError as exc:
         module.fail_json(msg="cannot parse the output of %s: %s" % (ixsmi, exc), ixsmi=ixsmi)
     return {
@@ -296,6 +360,8 @@ def gather(module):
         "free": [gpu["index"] for gpu in gpus if all(process["own"] for process in gpu["processes"])],
         "processes": processes,
         "processes_supported": process_rows is not None,
+        "engines": [engine_fact(engine, gpus) for engine in engines],
+        "ports": port_facts(listeners, engines),
     }
 
 

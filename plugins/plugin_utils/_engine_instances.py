@@ -11,10 +11,17 @@ URL, GPU group, files, the command line, the environment (the clients' key aside
 to the env file by the engine role alone, so that no fact, record or log carries it), the
 settings a release records and the platform's run file.
 
+A release records each instance's settings and its place on the host (port, GPUs, files), so a
+rollback restores the layout the release ran, whatever the inventory lists now.
+
 engine_instance_problems says, one sentence each, why the values cannot run on a host: their
 arguments and allocator options, names or ports used twice, GPU groups that overlap, a group
 smaller than the instance's tensor_parallel_size, GPUs the host does not have or that a
-foreign process holds.
+foreign process holds, a port a foreign process listens on.
+
+engine_start_order puts first the instances that no other running engine of the collection's
+stands in the way of, so that a host changing its layout keeps serving on the old engines while
+the new ones that need nothing of theirs start.
 """
 
 from __future__ import annotations
@@ -39,9 +46,14 @@ ENGINE_KEYS = {"name", "port", "env_file", "log_file", "visible_devices", "args"
                "tool_call_parser", "reasoning_parser", "command"}
 # What a release records of an instance's settings, and a rollback to it brings back.
 RECORDED = ("args", "allocator", "env", "visible_devices", "allow_long_max_model_len")
+# What a release records of an instance's place on the host: with the names of its record, the
+# layout a rollback to it restores. gpus is the CUDA_VISIBLE_DEVICES it ran with.
+PLACE = ("port", "gpus", "env_file", "log_file")
 # Launch arguments the role decides: the platform's run file lists them apart from engine_args.
 LAUNCH = ("model", "served_model_name", "host", "port")
 SECRET_ENV = "VLLM_API_KEY"
+# How much of a foreign listener's command line a problem shows.
+COMMAND_CHARS = 160
 
 
 def engine_instances(instances, host: str, engine: dict, gpus: dict | None = None,
@@ -51,14 +63,18 @@ def engine_instances(instances, host: str, engine: dict, gpus: dict | None = Non
     engine holds the engine role's variables (engine_instance_defaults): the one instance of a
     host that lists none, and the defaults of a listed one (its port the role's plus its
     position; its files named after it beside the role's). gpus are the host's GPU facts, for
-    `auto` groups; restore is a release record's engine, whose settings each instance it
-    recorded runs with instead of the inventory's.
+    `auto` groups; restore is a release record's engine: the instances it names, each in the
+    place and with the settings recorded for it, instead of the inventory's (a record that names
+    none holds the settings of the one engine of its host).
     """
     missing = sorted(ENGINE_KEYS - set(engine or {}))
     if missing:
         raise AnsibleFilterError(f"engine_instances: the engine's {', '.join(missing)} not given")
     listed = _listed(instances)
-    if listed and engine["visible_devices"]:
+    recorded = _recorded_layout(restore, listed)
+    if recorded:
+        listed = recorded
+    elif listed and engine["visible_devices"]:
         raise AnsibleFilterError(
             f"{host}: engine_visible_devices applies to the one engine of a host that lists no instance: "
             "give each of engine_instances its gpus")
@@ -83,6 +99,22 @@ def engine_instances(instances, host: str, engine: dict, gpus: dict | None = Non
         })
     _place(resolved, gpus)
     return [_complete(instance, engine) for instance in resolved]
+
+
+def _recorded_layout(restore: dict | None, listed: list[dict]) -> list[dict]:
+    """The instances a release record names (none for a record of a host's one engine), each in
+    the place recorded for it; the inventory's entry of the same name stands in for what the
+    record lacks."""
+    recorded = (restore or {}).get("instances") or {}
+    if not isinstance(recorded, dict):
+        raise AnsibleFilterError(f"engine_restore.instances is {type(recorded).__name__}: a mapping of instance names")
+    inventory = {str(entry["name"]): entry for entry in listed}
+    layout = []
+    for name, entry in recorded.items():
+        place = {key: (entry or {}).get(key) for key in PLACE if (entry or {}).get(key) not in (None, "")}
+        layout.append({**{key: value for key, value in inventory.get(name, {}).items() if key in PLACE},
+                       **place, "name": name})
+    return layout
 
 
 def _complete(instance: dict, engine: dict) -> dict:
@@ -113,6 +145,7 @@ def _complete(instance: dict, engine: dict) -> dict:
         # Whether the engine requires a key, never the key: a release record says it was
         # proven with one, and a restored engine takes the current one.
         "record": {**settings, "args": args, "env": env, "api_key_set": bool(engine["api_key_set"]),
+                   **{key: instance[key] for key in PLACE},
                    "platform_run": yaml.dump(document, Dumper=AnsibleDumper, indent=2, allow_unicode=True,
                                              default_flow_style=False, sort_keys=False)},
         "full_args": full_args,
@@ -160,7 +193,49 @@ def engine_instance_problems(instances: list[dict], host: str, gpus: dict | None
             problems.append(f"{label}: port {instance['port']!r} is not a TCP port")
     if gpus is None:
         return problems
-    return problems + _gpu_problems(instances, host, gpus)
+    return problems + _gpu_problems(instances, host, gpus) + _port_problems(instances, host, gpus)
+
+
+def _port_problems(instances: list[dict], host: str, gpus: dict) -> list[str]:
+    """An instance's port some process listens on that is none of the collection's engines (they
+    make way for the instance as it starts)."""
+    foreign: dict = {}
+    for listener in gpus.get("ports") or []:
+        if not listener.get("own"):
+            foreign.setdefault(listener["port"], listener)
+    problems = []
+    for instance in instances:
+        listener = foreign.get(instance["port"])
+        if listener:
+            problems.append(f"{host}/{instance['name']}: port {instance['port']} held by another process: "
+                            f"{_listener(listener)}")
+    return problems
+
+
+def _listener(listener: dict) -> str:
+    if listener.get("pid") is None:
+        return (f"a process the host would not name (listening on {listener['address']}; "
+                "its descriptors need root to read)")
+    command = listener.get("command") or "?"
+    if len(command) > COMMAND_CHARS:
+        command = command[:COMMAND_CHARS - 3] + "..."
+    return f"pid {listener['pid']} ({command})"
+
+
+def engine_start_order(instances: list[dict], gpus: dict | None = None) -> list[dict]:
+    """The instances in the order to start them: first those no other running engine of the
+    collection's (gpu_facts' engines) holds the port or a GPU of, then the others, each group in
+    the order given."""
+    engines = (gpus or {}).get("engines") or []
+
+    def in_the_way(instance):
+        group = set(instance.get("group") or [])
+        return any(engine["name"] != instance["name"]
+                   and (instance["port"] in engine.get("ports", []) or group & set(engine.get("gpus", [])))
+                   for engine in engines)
+
+    return ([instance for instance in instances if not in_the_way(instance)]
+            + [instance for instance in instances if in_the_way(instance)])
 
 
 def _argument_problems(instance: dict, gpus: dict | None, vllm: dict | None) -> list[str]:

@@ -4,10 +4,12 @@ fleet deploys, verifies, rolls back and deploys again with every instance named;
 restarts the second host's instances one at a time, so that /health, polled every 100 ms, always
 has one to answer, and a deploy in which vllm-2 alone fails rolls the host back with one always
 answering too. gpu_facts finds each instance's engine on its GPUs (the lab's ixsmi reports the
-running stand-ins) and tells it from a foreign process.
+running stand-ins) and tells it from a foreign process. The second host then changes its layout
+- one engine, two instances, one engine, and a rollback to the two-instance release - each
+change retiring the engines the new layout does not name while the host keeps serving.
 
-The module's fixtures make the state the tests start from: the first deploy, and the rolling
-deploy of a second release that the rollback goes back from.
+The module's fixtures make the state the tests start from: the first deploy, the rolling
+deploy of a second release that the rollback goes back from, and the layout changes.
 """
 
 from __future__ import annotations
@@ -15,10 +17,13 @@ from __future__ import annotations
 import json
 import os
 import signal
+import subprocess
+import sys
 import threading
 import time
 import urllib.error
 import urllib.request
+from pathlib import Path
 
 import pytest
 from engine_defaults import SUB168
@@ -74,6 +79,32 @@ def healthy(host, port: int) -> bool:
         return False
 
 
+def polled_run(playbook: str, lab, host, folder, extravars: dict):
+    """The playbook run on `host` alone with /health of ports 8000 and 8001 polled every 100 ms
+    meanwhile: the run, and the polls (time, 8000 answered, 8001 answered)."""
+    samples: list[tuple[float, bool, bool]] = []
+    done = threading.Event()
+
+    def poll():
+        while not done.is_set():
+            samples.append((time.monotonic(), healthy(host, 8000), healthy(host, 8001)))
+            time.sleep(0.1)
+
+    poller = threading.Thread(target=poll)
+    poller.start()
+    try:
+        run = start_playbook(playbook, lab.inventory_path, folder, limit=host.name, extravars=extravars).wait()
+    finally:
+        done.set()
+        poller.join()
+    return run, samples
+
+
+def never_down(samples) -> list[float]:
+    """The polls at which neither port answered."""
+    return [at for at, first, second in samples if not (first or second)]
+
+
 def test_the_eight_gpu_host_runs_two_instances_on_their_own_gpus_ports_and_files(lab, deployed):
     eight = lab.hosts[1]
     for name, port, gpus in (("vllm-1", "8000", "0,1,2,3"), ("vllm-2", "8001", "4,5,6,7")):
@@ -106,45 +137,17 @@ def test_a_second_run_changes_nothing(lab, deployed, tmp_path):
     assert again.rc == 0 and again.hosts_with("changed") == set(), again.stats
 
 
-def deploy_polling_health(lab, folder, release: str, instances=INSTANCES):
-    """A deploy of `release` (the payload with one more file) to the eight-GPU host, with
-    /health of both instances polled every 100 ms meanwhile: the run, and the polls as (time,
-    vllm-1 healthy, vllm-2 healthy)."""
-    eight = lab.hosts[1]
-    payload = copy_payload(folder)
-    overlay(payload, release, f"reasoning/{release}_parser.py", f"PARSER = '{release}'\n")
-    samples: list[tuple[float, bool, bool]] = []
-    done = threading.Event()
-
-    def poll():
-        while not done.is_set():
-            samples.append((time.monotonic(), healthy(eight, 8000), healthy(eight, 8001)))
-            time.sleep(0.1)
-
-    poller = threading.Thread(target=poll)
-    poller.start()
-    try:
-        running = start_playbook(DEPLOY, lab.inventory_path, folder, limit=eight.name, extravars={
-            "serving_release": release, "stage_payload_dir": str(payload), **on_eight(lab, instances)})
-        run = running.wait()
-    finally:
-        done.set()
-        poller.join()
-    return run, samples
-
-
-def never_both_down(samples) -> None:
-    down = [at for at, first, second in samples if not (first or second)]
-    assert len(samples) > 20 and down == [], f"{len(down)} of {len(samples)} polls found no instance healthy"
-
-
 @pytest.fixture(scope="module")
 def rolled(lab, deployed, tmp_path_factory):
     """A deploy of release sub511 to the eight-GPU host, with /health of both instances polled
     every 100 ms meanwhile: the run, the polls, and the instances' pids before it."""
     eight = lab.hosts[1]
+    folder = tmp_path_factory.mktemp("rolling")
     pids = {name: instance_pid(eight, name) for name in ("vllm-1", "vllm-2")}
-    run, samples = deploy_polling_health(lab, tmp_path_factory.mktemp("rolling"), "sub511")
+    payload = copy_payload(folder)
+    overlay(payload, "rolling", "reasoning/rolling_parser.py", "PARSER = 'rolling'\n")
+    run, samples = polled_run(DEPLOY, lab, eight, folder, {
+        "serving_release": "sub511", "stage_payload_dir": str(payload), **on_eight(lab)})
     assert run.rc == 0, run.stdout()[-3000:]
     return {"run": run, "samples": samples, "pids_before": pids}
 
@@ -156,7 +159,8 @@ def test_a_deploy_restarts_the_instances_one_at_a_time_and_one_always_answers(la
     assert current_release(eight)["id"] == "sub511"
     # ...and at no moment was neither answering.
     samples = rolled["samples"]
-    never_both_down(samples)
+    down = never_down(samples)
+    assert len(samples) > 20 and down == [], f"{len(down)} of {len(samples)} polls found no instance healthy"
     assert any(not first for _at, first, _second in samples) and any(not second for _at, _first, second in samples)
 
 
@@ -193,6 +197,7 @@ def test_gpu_facts_show_each_instances_engine_on_its_gpus_as_the_collections_own
     (result,) = busy.results(eight.name, GPU_FACTS_TASK)
     assert result["gpu_facts"]["free"] == [0, 1, 2, 3, 4, 6, 7]
     assert busy.rc != 0 and any("GPU 5 by pid 4242 (train.py)" in text for text in busy.failure_messages(eight.name))
+
 
 
 def test_verify_names_the_instance_that_is_down_and_finds_the_rest_healthy(lab, deployed, tmp_path):
@@ -252,7 +257,10 @@ def test_one_instance_failing_rolls_the_host_back_while_the_other_keeps_serving(
     # vllm-2 alone dies after its third chat answer: healthy, then gone in the middle of its probes.
     failing = (INSTANCES[0], {**INSTANCES[1], "engine_env": {"BIV100_STANDIN_CRASH_AFTER": "3"}})
 
-    run, samples = deploy_polling_health(lab, tmp_path, "sub513", failing)
+    payload = copy_payload(tmp_path)
+    overlay(payload, "failing", "reasoning/failing_parser.py", "PARSER = 'failing'\n")
+    run, samples = polled_run(DEPLOY, lab, eight, tmp_path, {
+        "serving_release": "sub513", "stage_payload_dir": str(payload), **on_eight(lab, failing)})
 
     assert run.rc != 0 and run.hosts_with("failures") == {eight.name}
     message = run.failure_messages(eight.name)[-1]
@@ -267,6 +275,138 @@ def test_one_instance_failing_rolls_the_host_back_while_the_other_keeps_serving(
     assert healthy(eight, 8000) and healthy(eight, 8001)
     assert "BIV100_STANDIN_CRASH_AFTER" not in engine_process(eight, "vllm-2")[1]
     # ...and at no moment of the deploy and its rollback was neither answering.
-    never_both_down(samples)
+    down = never_down(samples)
+    assert len(samples) > 20 and down == [], f"{len(down)} of {len(samples)} polls found no instance healthy"
     # vllm-2 was down meanwhile, so vllm-1 answered alone.
     assert any(first and not second for _at, first, second in samples)
+
+
+# --- a host that changes its engine layout ----------------------------------------------------
+
+
+def engines_on(host) -> dict[str, int]:
+    """{name: pid} of the collection's engines on the host, by their pid files."""
+    folder = host.path("/run/biv100-serving")
+    return {path.stem: int(path.read_text()) for path in sorted(folder.glob("*.pid"))}
+
+
+def what_the_host_runs(host) -> dict:
+    """The host's state after a step: its current release, its engines' pid files and launch
+    records, which of them run, and which port answers."""
+    engines = engines_on(host)
+    return {
+        "release": current_release(host),
+        "engines": engines,
+        "files": sorted(path.name for path in host.path("/run/biv100-serving").iterdir()),
+        "alive": {name: Path(f"/proc/{pid}").exists() for name, pid in engines.items()},
+        "answers": {port: healthy(host, port) for port in (8000, 8001)},
+    }
+
+
+ONE_ENGINE = {"engine_instances": []}
+
+
+@pytest.fixture(scope="module")
+def layouts(lab, deployed, tmp_path_factory):
+    """The eight-GPU host taken through its layouts: one engine (sub520), two instances (sub521,
+    /health polled), one engine again (sub522, polled), then rollback.yml to sub521 with the
+    inventory still naming one engine. Each step's run, and what the host ran before and after it."""
+    eight = lab.hosts[1]
+    folder = tmp_path_factory.mktemp("layouts")
+    steps = {}
+
+    def step(name, playbook, extravars, polled=False):
+        before = what_the_host_runs(eight)
+        if polled:
+            run, samples = polled_run(playbook, lab, eight, folder / name, extravars)
+        else:
+            run, samples = run_playbook(playbook, lab.inventory_path, folder / name, limit=eight.name,
+                                        extravars=extravars), []
+        assert run.rc == 0, f"{name}: " + run.stdout()[-3000:]
+        steps[name] = {"run": run, "samples": samples, "before": before, "after": what_the_host_runs(eight)}
+
+    step("one", DEPLOY, {"serving_release": "sub520", **ONE_ENGINE})
+    step("two", DEPLOY, {"serving_release": "sub521", **on_eight(lab)}, polled=True)
+    step("one again", DEPLOY, {"serving_release": "sub522", **ONE_ENGINE}, polled=True)
+    step("rollback", "rollback.yml", {"serving_rollback_to": "sub521", **ONE_ENGINE})
+    return steps
+
+
+def test_a_host_changes_its_engine_layout_and_back_retiring_what_the_new_one_does_not_name(lab, layouts):
+    eight = lab.hosts[1]
+    two_files = ["vllm-1.json", "vllm-1.pid", "vllm-2.json", "vllm-2.pid"]
+    for name, release, files, answers in (
+            ("one", "sub520", ["vllm.json", "vllm.pid"], {8000: True, 8001: False}),
+            ("two", "sub521", two_files, {8000: True, 8001: True}),
+            ("one again", "sub522", ["vllm.json", "vllm.pid"], {8000: True, 8001: False})):
+        before, after = layouts[name]["before"], layouts[name]["after"]
+        # Each layout a release proven good, recorded with the instances it ran.
+        assert (after["release"]["id"], after["release"]["status"]) == (release, "good"), name
+        assert sorted(after["release"]["engine"]["instances"]) == sorted(file[:-4] for file in files if file.endswith(".pid")), name
+        # Nothing of the old layout's engines is left that the new one does not name: no pid file,
+        # no process.
+        assert after["files"] == files and all(after["alive"].values()), name
+        gone = {engine: pid for engine, pid in before["engines"].items() if engine not in after["engines"]}
+        assert not [engine for engine, pid in gone.items() if Path(f"/proc/{pid}").exists()], name
+        assert after["answers"] == answers, name
+    assert set(layouts["two"]["before"]["engines"]) == {"vllm"} and set(layouts["one again"]["before"]["engines"]) == {
+        "vllm-1", "vllm-2"}
+    # The changes kept the host serving: the new instance that needs nothing of the old engine's
+    # started first, and an old engine went only when an instance needed its port and GPUs.
+    for name in ("two", "one again"):
+        samples = layouts[name]["samples"]
+        assert len(samples) > 20 and never_down(samples) == [], name
+    # Each retirement was a change the run reported, naming the engine.
+    retired = [result for result in layouts["two"]["run"].results(eight.name, "Run the engine, restarting it on a new release or drift")
+               if result.get("retired")]
+    assert [(result["name"], [done["name"] for done in result["retired"]]) for result in retired] == [("vllm-1", ["vllm"])]
+    (last,) = layouts["one again"]["run"].results(eight.name, "Retire the engines the host's layout does not name")
+    assert last["changed"] and [done["name"] for done in last["retired"]] == ["vllm-2"]
+
+
+def test_a_rollback_across_a_layout_change_returns_the_layout_its_release_recorded(lab, layouts, tmp_path):
+    eight = lab.hosts[1]
+    after = layouts["rollback"]["after"]
+    # The inventory names one engine; the release rolled back to ran two, and two run.
+    assert (after["release"]["id"], after["release"]["status"]) == ("sub521", "good") and after["files"] == [
+        "vllm-1.json", "vllm-1.pid", "vllm-2.json", "vllm-2.pid"]
+    assert all(after["alive"].values()) and after["answers"] == {8000: True, 8001: True}
+    vllm_pid = layouts["rollback"]["before"]["engines"]["vllm"]
+    assert not Path(f"/proc/{vllm_pid}").exists()
+    for name, port, gpus in (("vllm-1", "8000", "0,1,2,3"), ("vllm-2", "8001", "4,5,6,7")):
+        argv, environ = engine_process(eight, name)
+        assert option_values(argv)["--port"] == port and environ["CUDA_VISIBLE_DEVICES"] == gpus, name
+    shown = layouts["rollback"]["run"].stdout().split("RELEASES", 1)[1]
+    assert f"{eight.name}/vllm-1: sub521 rolled back" in shown and f"{eight.name}/vllm-2: sub521 rolled back" in shown
+    # A deploy of the layout the host now runs finds nothing to start, stop or retire.
+    again = run_playbook(DEPLOY, lab.inventory_path, tmp_path, limit=eight.name, extravars=on_eight(lab))
+    assert again.rc == 0 and again.hosts_with("changed") == set(), again.stats
+    assert what_the_host_runs(eight)["engines"] == after["engines"]
+
+
+def test_a_port_a_foreign_process_listens_on_is_refused_before_anything_changes(lab, deployed, tmp_path):
+    eight = lab.hosts[1]
+    before = {host.name: what_the_host_runs(host) for host in lab.hosts}
+    # A process the collection did not start listens on the port vllm-2 is given.
+    foreign = subprocess.Popen(["ip", "netns", "exec", eight.name, sys.executable, "-m", "http.server", "8002",
+                                "--bind", "127.0.0.1"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 10
+        while ":1F42 " not in subprocess.run(["ip", "netns", "exec", eight.name, "cat", "/proc/net/tcp"],
+                                             capture_output=True, text=True, check=True).stdout:
+            assert time.monotonic() < deadline and foreign.poll() is None, "the foreign process never listened"
+            time.sleep(0.1)
+        run = run_playbook(DEPLOY, lab.inventory_path, tmp_path, extravars={
+            "serving_release": "sub598", **on_eight(lab, [{"name": "vllm-1"}, {"name": "vllm-2", "port": 8002}])})
+    finally:
+        foreign.terminate()
+        foreign.wait()
+    assert run.rc != 0 and run.hosts_with("changed") == set()
+    assert (f"{eight.name}/vllm-2: port 8002 held by another process: pid {foreign.pid} "
+            f"({sys.executable} -m http.server 8002 --bind 127.0.0.1)") in run.stdout()
+    # Refused while the facts were checked: no host staged, stopped or started anything.
+    for host in lab.hosts:
+        after = what_the_host_runs(host)
+        assert (after["release"]["id"], after["engines"], after["files"]) == (
+            before[host.name]["release"]["id"], before[host.name]["engines"], before[host.name]["files"]), host.name
+        assert not host.path(f"{STATE}/releases/sub598").exists(), host.name

@@ -8,6 +8,7 @@ from ansible_collections.biv100.serving.plugins.filter.engine_instances import (
     FilterModule,
     engine_instance_problems,
     engine_instances,
+    engine_start_order,
     instance_record,
     recorded_instance,
 )
@@ -154,8 +155,9 @@ def test_an_instance_is_read_from_a_record_of_either_shape():
 
 
 def test_an_instance_is_restored_with_what_its_release_recorded_for_it():
-    recorded = {"instances": {"vllm-2": {"args": {**SUB168, "max_num_seqs": 8}, "env": {"X": "1"},
-                                         "platform_run": "ignored", "api_key_set": True}}}
+    deployed = resolve([{"name": "vllm-1"}, {"name": "vllm-2", "engine_args": {"max_num_seqs": 8}}], gpus(8),
+                       env={"X": "1"}, api_key_set=True)
+    recorded = {"instances": {instance["name"]: instance["record"] for instance in deployed}}
     first, second = resolve([{"name": "vllm-1"}, {"name": "vllm-2"}], gpus(8), restore=recorded)
     assert first["record"]["args"] == SUB168
     assert second["record"]["args"]["max_num_seqs"] == 8 and second["env"]["X"] == "1"
@@ -182,6 +184,68 @@ def test_engine_visible_devices_beside_a_list_is_refused():
         resolve([{"name": "vllm-1"}], gpus(8), visible_devices="0,1,2,3")
 
 
+def test_a_rollback_restores_the_layout_its_release_recorded_not_the_inventorys():
+    two = resolve([{"name": "vllm-1"}, {"name": "vllm-2"}], gpus(8))
+    assert {key: two[1]["record"][key] for key in ("port", "gpus", "env_file", "log_file")} == {
+        "port": 8001, "gpus": "4,5,6,7", "env_file": "/etc/biv100-serving/vllm-2.env",
+        "log_file": "/var/log/biv100-serving/vllm-2.log"}
+    of_two = {"instances": {instance["name"]: instance["record"] for instance in two}}
+    (one,) = resolve([], gpus(8))
+
+    # The inventory runs one engine now; the release it goes back to ran two.
+    restored = resolve([], gpus(8), restore=of_two)
+    assert [(i["name"], i["label"], i["port"], i["gpus"], i["env_file"]) for i in restored] == [
+        ("vllm-1", "lab-h5/vllm-1", 8000, "0,1,2,3", "/etc/biv100-serving/vllm-1.env"),
+        ("vllm-2", "lab-h5/vllm-2", 8001, "4,5,6,7", "/etc/biv100-serving/vllm-2.env")]
+    # And the other way: the inventory lists two (vllm-1 on another port), the release ran one.
+    (back,) = resolve([{"name": "vllm-1", "port": 9000}, {"name": "vllm-2"}], gpus(8),
+                      restore={"instances": {"vllm": one["record"]}})
+    assert (back["name"], back["label"], back["port"], back["gpus"], back["env_file"], back["log_file"]) == (
+        "vllm", "lab-h5", 8000, "0,1,2,3", "/etc/biv100-serving/engine.env", "/var/log/biv100-serving/engine.log")
+    assert back["command"] == one["command"] and back["env"] == one["env"]
+    # What a record lacks of an instance's place, the inventory's entry of that name gives.
+    (partial,) = resolve([{"name": "vllm-2", "port": 8005}], gpus(8),
+                         restore={"instances": {"vllm-2": {"args": SUB168}}})
+    assert (partial["name"], partial["port"], partial["gpus"]) == ("vllm-2", 8005, "0,1,2,3")
+
+
+def test_a_port_a_foreign_process_listens_on_is_a_problem_naming_it_and_the_collections_own_are_not():
+    facts = gpus(8)
+    facts["ports"] = [
+        {"port": 8000, "address": "0.0.0.0", "pid": 4242, "command": "/usr/bin/python3 -m vllm...", "own": True,
+         "instance": "vllm"},
+        {"port": 8001, "address": "127.0.0.1", "pid": 777, "command": "python3 -m http.server 8001", "own": False,
+         "instance": None},
+        {"port": 8002, "address": "::", "pid": None, "command": None, "own": False, "instance": None},
+        {"port": 8003, "address": "0.0.0.0", "pid": 9, "command": "x" * 400, "own": False, "instance": None}]
+    instances = resolve([{"name": "vllm-1"}, {"name": "vllm-2"}, {"name": "vllm-3", "gpus": [0, 1, 2, 3], "port": 8002},
+                         {"name": "vllm-4", "gpus": [4, 5, 6, 7], "port": 8003}], facts)
+
+    problems = [problem for problem in engine_instance_problems(instances, "lab-h5", facts) if "port" in problem]
+
+    assert problems[:3] == [
+        "lab-h5/vllm-2: port 8001 held by another process: pid 777 (python3 -m http.server 8001)",
+        "lab-h5/vllm-3: port 8002 held by another process: a process the host would not name "
+        "(listening on ::; its descriptors need root to read)",
+        "lab-h5/vllm-4: port 8003 held by another process: pid 9 (" + "x" * 157 + "...)"]
+    assert len(problems) == 3
+    # Without GPU facts (the engine phase skipped), no port is judged either.
+    assert not [problem for problem in engine_instance_problems(instances, "lab-h5") if "held by" in problem]
+
+
+def test_instances_in_no_running_engines_way_start_first():
+    facts = gpus(8)
+    listed = resolve([{"name": "vllm-1"}, {"name": "vllm-2"}], facts)
+    # The host runs one engine, vllm, on vllm-1's port and GPUs.
+    facts["engines"] = [{"name": "vllm", "pid": 4242, "manager": "pidfile", "ports": [8000], "gpus": [0, 1, 2, 3]}]
+    assert [i["name"] for i in engine_start_order(listed, facts)] == ["vllm-2", "vllm-1"]
+    # An instance is never in its own way, and a GPU alone is in the way too.
+    facts["engines"] = [{"name": "vllm-1", "ports": [8000], "gpus": [0, 1, 2, 3]},
+                        {"name": "vllm", "ports": [9000], "gpus": [7]}]
+    assert [i["name"] for i in engine_start_order(listed, facts)] == ["vllm-1", "vllm-2"]
+    assert engine_start_order(listed, None) == listed
+
+
 def test_the_filters_are_registered():
     assert set(FilterModule().filters()) == {"engine_instances", "engine_instance_problems", "instance_record",
-                                             "recorded_instance"}
+                                             "recorded_instance", "engine_start_order"}

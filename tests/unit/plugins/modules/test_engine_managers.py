@@ -148,6 +148,23 @@ def test_stopped_ends_the_supervised_group(managed):
     assert managed(state="stopped").result["changed"] is False
 
 
+def test_a_retired_supervised_engine_leaves_no_program_behind(managed, tmp_path):
+    started = managed().result
+
+    retired = managed(state="absent", command=None, pid_dir=str(tmp_path / "run"),
+                      pid_file=None).result
+
+    assert (retired["changed"], retired["manager"]) == (True, "supervisord")
+    assert retired["retired"] == [{"name": "vllm", "manager": "supervisord", "pid": started["pid"],
+                                   "action": "retire", "removed": str(managed.program_file)}]
+    assert group_members(started["pid"]) == [] and not managed.program_file.exists()
+    assert not managed.pid_file.exists() and not managed.pid_file.with_suffix(".json").exists()
+    # supervisord forgot the program: nothing it restarts, nothing it lists.
+    listed = subprocess.run([managed.control, "status"], capture_output=True, text=True, check=False)
+    assert "biv100-serving-vllm" not in listed.stdout
+    assert managed(state="absent", command=None, pid_dir=str(tmp_path / "run"), pid_file=None).result["changed"] is False
+
+
 def test_the_launchers_engine_makes_way_for_the_supervised_one(managed):
     launched = managed(manager="pidfile").result
     assert launched["manager"] == "pidfile"

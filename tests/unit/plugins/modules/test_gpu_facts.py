@@ -1,11 +1,17 @@
 """gpu_facts against fake ixsmi executables that print what nvidia-smi-like tools print."""
 
+import socket
 import stat
+import sys
 import textwrap
-from pathlib import Path
+import time
 
 import pytest
 
+from ansible_collections.biv100.serving.plugins.module_utils._engine_identity import Engine, record_pid
+from ansible_collections.biv100.serving.plugins.module_utils._engine_process import process_stat
+from ansible_collections.biv100.serving.plugins.module_utils._listening_ports import listening_ports
+from ansible_collections.biv100.serving.plugins.module_utils._own_engines import pid_files, running_engines
 from ansible_collections.biv100.serving.plugins.modules import gpu_facts
 
 UUIDS = ["GPU-%08d-0000-4000-8000-000000000000" % i for i in range(4)]
@@ -37,6 +43,29 @@ def four_gpus(used=(0, 0, 0, 0)):
 @pytest.fixture
 def run(run_module):
     return lambda args: run_module(gpu_facts, args)
+
+
+def keep_pid_file(pid_file, process, manager="pidfile"):
+    """The pid file and launch record engine_process keeps for an engine it started."""
+    record_pid(str(pid_file), Engine(process.pid, process_stat(process.pid)), ["engine"], manager)
+
+
+def free_port():
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def listener(started_process, port):
+    """A process in a session of its own listening on the loopback port, once it listens."""
+    code = ("import socket, time; s = socket.socket(); s.bind(('127.0.0.1', %d)); s.listen(); time.sleep(60)"
+            % port)
+    process = started_process([sys.executable, "-c", code])
+    deadline = time.monotonic() + 5
+    while not any(entry["port"] == port and process.pid in entry["pids"] for entry in listening_ports()):
+        assert time.monotonic() < deadline, "the listener did not listen"
+        time.sleep(0.02)
+    return process
 
 
 def test_four_idle_gpus_are_all_free(tmp_path, run):
@@ -118,7 +147,7 @@ def test_the_collections_own_engine_does_not_make_its_gpus_busy(tmp_path, run, s
     # A process in a session (and process group) of its own, as engine_process starts the engine.
     engine = started_process(["sleep", "60"])
     pid_file = tmp_path / "vllm.pid"
-    pid_file.write_text(f"{engine.pid}\n")
+    keep_pid_file(pid_file, engine)
     apps = f"{UUIDS[1]}, {engine.pid}, python3, 30512\n{UUIDS[3]}, 1, foreign, 1024\n"
     ixsmi = fake_ixsmi(tmp_path, four_gpus(used=(0, 30512, 0, 1024)), apps)
     failed, result = run({"ixsmi_path": ixsmi, "own_pid_file": str(pid_file)})
@@ -134,7 +163,7 @@ def test_each_instance_of_the_collections_engines_is_told_from_the_others_and_fr
     pid_files = []
     for name, engine in (("vllm-1", first), ("vllm-2", second)):
         pid_files.append(str(tmp_path / f"{name}.pid"))
-        Path(pid_files[-1]).write_text(f"{engine.pid}\n")
+        keep_pid_file(pid_files[-1], engine)
     apps = (f"{UUIDS[0]}, {first.pid}, python3, 30512\n{UUIDS[2]}, {second.pid}, python3, 30512\n"
             f"{UUIDS[3]}, 1, foreign, 1024\n")
     ixsmi = fake_ixsmi(tmp_path, four_gpus(used=(30512, 0, 30512, 1024)), apps)
@@ -154,15 +183,56 @@ def test_a_pid_file_of_an_ended_engine_claims_nothing(tmp_path, run):
     assert result["gpu_facts"]["free"] == [1, 2, 3]
 
 
-def test_without_pid_files_every_engine_of_the_collections_pid_folder_is_its_own(tmp_path, started_process):
+def test_without_pid_files_every_engine_of_the_collections_pid_folder_is_its_own(tmp_path, started_process, monkeypatch):
     # An engine the inventory no longer names is still the collection's: its pid file is there.
     engine = started_process(["sleep", "60"])
-    (tmp_path / "renamed.pid").write_text(f"{engine.pid}\n")
+    keep_pid_file(tmp_path / "renamed.pid", engine)
     (tmp_path / "not-a-pid-file.txt").write_text("1\n")
     (tmp_path / "link.pid").symlink_to(tmp_path / "renamed.pid")
     (tmp_path / "folder.pid").mkdir()
-    assert gpu_facts.own_pid_files(None, pid_dir=str(tmp_path)) == [str(tmp_path / "renamed.pid")]
-    assert gpu_facts.own_pid_files(["/given.pid"], pid_dir=str(tmp_path)) == ["/given.pid"]
-    assert gpu_facts.own_pid_files(None, pid_dir=str(tmp_path / "absent")) == []
-    groups = gpu_facts.own_engine_groups(gpu_facts.own_pid_files(None, pid_dir=str(tmp_path)))
-    assert list(groups.values()) == ["renamed"]
+    monkeypatch.setattr(gpu_facts, "pid_files", lambda: pid_files(str(tmp_path)))
+    assert gpu_facts.own_pid_files(None) == [str(tmp_path / "renamed.pid")]
+    assert gpu_facts.own_pid_files(["/given.pid"]) == ["/given.pid"]
+    assert pid_files(str(tmp_path / "absent")) == []
+    engines = running_engines(gpu_facts.own_pid_files(None), [])
+    assert list(gpu_facts.engine_groups(engines).values()) == ["renamed"]
+
+
+def test_a_pid_file_without_its_launch_record_or_naming_a_reused_pid_claims_nothing(tmp_path, run, started_process):
+    # A pid file engine_process did not write, and one whose record has another start time (the
+    # pid now belongs to another process): neither names an engine of the collection's.
+    unrecorded, reused = started_process(["sleep", "60"]), started_process(["sleep", "61"])
+    (tmp_path / "hand.pid").write_text(f"{unrecorded.pid}\n")
+    keep_pid_file(tmp_path / "old.pid", reused)
+    record = tmp_path / "old.json"
+    record.write_text(record.read_text().replace('"start_ticks": ', '"start_ticks": 1'))
+    apps = f"{UUIDS[0]}, {unrecorded.pid}, python3, 1\n{UUIDS[1]}, {reused.pid}, python3, 1\n"
+    _failed, result = run({"ixsmi_path": fake_ixsmi(tmp_path, four_gpus(), apps),
+                           "own_pid_files": [str(tmp_path / "hand.pid"), str(tmp_path / "old.pid")]})
+    facts = result["gpu_facts"]
+    assert facts["free"] == [2, 3] and facts["engines"] == []
+
+
+def test_the_collections_engines_are_listed_with_their_manager_ports_and_gpus(
+        tmp_path, run, started_process, monkeypatch):
+    own_port, foreign_port = free_port(), free_port()
+    # The engine sees GPU 2 by its UUID and GPU 1 by its index, as CUDA_VISIBLE_DEVICES allows.
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", f"{UUIDS[2]},1")
+    engine = listener(started_process, own_port)
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES")
+    foreign = listener(started_process, foreign_port)
+    keep_pid_file(tmp_path / "vllm-2.pid", engine, manager="supervisord")
+
+    _failed, result = run({"ixsmi_path": fake_ixsmi(tmp_path, four_gpus()),
+                           "own_pid_files": [str(tmp_path / "vllm-2.pid")]})
+
+    facts = result["gpu_facts"]
+    (listed,) = facts["engines"]
+    assert {key: listed[key] for key in ("name", "pid", "manager", "ports", "gpus", "visible_devices")} == {
+        "name": "vllm-2", "pid": engine.pid, "manager": "supervisord", "ports": [own_port], "gpus": [2, 1],
+        "visible_devices": f"{UUIDS[2]},1"}
+    ports = dict((entry["port"], entry) for entry in facts["ports"])
+    assert (ports[own_port]["own"], ports[own_port]["instance"]) == (True, "vllm-2")
+    assert ports[foreign_port] == {
+        "port": foreign_port, "address": "127.0.0.1", "pid": foreign.pid, "own": False, "instance": None,
+        "command": " ".join(foreign.args)}
