@@ -77,7 +77,7 @@ def test_an_instances_engine_env_is_over_the_roles_for_that_instance_only():
     assert second["record"]["env"] == {"X": "2", "Y": "1", "Z": "1"}
     # A rollback runs the instance with the environment its release recorded, not the inventory's.
     (_first, restored) = resolve([{"name": "vllm-1"}, {"name": "vllm-2", "engine_env": {"Y": "1"}}], gpus(8),
-                                 restore={"instances": {"vllm-2": {"env": {}}}})
+                                 restore={"instances": {"vllm-1": {}, "vllm-2": {"env": {}}}})
     assert "Y" not in restored["env"] and restored["record"]["env"] == {}
 
 
