@@ -68,14 +68,23 @@ def runs_ansible_playbook(argv):
     return any(os.path.basename(word).startswith("ansible-playbook") for word in argv[:2])
 
 
+def pid_here(holder, controller):
+    """The holder's ansible-playbook pid when it ran on this controller, else None: a pid means
+    nothing on another machine."""
+    pid = holder.get("pid")
+    if holder.get("controller") != controller or not isinstance(pid, int) or pid <= 0:
+        return None
+    return pid
+
+
 def stale_reason(holder, controller, argv_of):
     """Why the run holding the lock is certainly gone, or None while it may still be running.
 
-    Only a holder on this controller can be judged: a pid means nothing on another machine.
-    A process whose command line cannot be read is given the benefit of the doubt.
+    Only a holder on this controller can be judged. A process whose command line cannot be
+    read is given the benefit of the doubt.
     """
-    pid = holder.get("pid")
-    if holder.get("controller") != controller or not isinstance(pid, int) or pid <= 0:
+    pid = pid_here(holder, controller)
+    if pid is None:
         return None
     argv = argv_of(pid)
     if argv is None:
@@ -95,10 +104,10 @@ def live_holder_pid(holder, controller, argv_of):
     Exactly the holders of this controller that stale_reason does not find gone: a process of
     that pid running ansible-playbook, or one whose command line cannot be read.
     """
-    pid = holder.get("pid")
-    if holder.get("controller") != controller or not isinstance(pid, int) or pid <= 0:
+    pid = pid_here(holder, controller)
+    if pid is None or stale_reason(holder, controller, argv_of) is not None:
         return None
-    return pid if stale_reason(holder, controller, argv_of) is None else None
+    return pid
 
 
 def process_status(pid):
@@ -123,10 +132,14 @@ def leftover_workers(argv_of=process_argv, status_of=process_status):
     its command line, and the kernel's PF_FORKNOEXEC flag) and puts each in a session of its
     own, so a SIGKILL of ansible-playbook reaches none of them: they are re-parented and go on.
     An ansible-playbook started from a shell or a scheduler was exec'ed, and a live run's
-    workers have it as their parent: neither is listed.
+    workers have it as their parent: neither is listed. None on a controller without /proc.
     """
+    try:
+        entries = os.listdir("/proc")
+    except OSError:
+        return None
     found = []
-    for pid in sorted(int(entry) for entry in os.listdir("/proc") if entry.isdigit()):
+    for pid in sorted(int(entry) for entry in entries if entry.isdigit()):
         argv = argv_of(pid)
         status = status_of(pid)
         if not argv or not runs_ansible_playbook(argv) or status is None:
@@ -147,25 +160,30 @@ def wants_break(args):
         return None
 
 
-def still_running_here(refusal, pid, controller):
+def still_running_here(refusal, pid, controller, breaking):
+    """The refusal of a lock whose holder runs on this controller: how to end it, never a
+    suggestion to break it."""
+    unbroken = ", and serving_lock_break takes no lock from a live run" if breaking else ""
     return dict(
         refusal,
-        msg="%s; its ansible-playbook process %d still runs on %s (this controller), and "
-        "serving_lock_break takes no lock from a live run: wait for that run to end, or end it "
-        "with kill %d (a SIGTERM, which it passes on to its workers; a SIGKILL would leave "
-        "them running)" % (refusal["msg"], pid, controller, pid),
+        msg="%s; its ansible-playbook process %d still runs on %s (this controller)%s: wait for "
+        "that run to end, or end it with kill %d (a SIGTERM, which it passes on to its workers; "
+        "a SIGKILL would leave them running)" % (refusal["msg"], pid, controller, unbroken, pid),
     )
 
 
 def with_leftover_workers(refusal, controller, workers):
     """The host's refusal (the holder's processes still run there), with what keeps them
-    running on this controller."""
+    running on this controller when it can tell."""
+    if workers is None:
+        return refusal
     if workers:
-        here = "leftover ansible-playbook workers of a killed run on %s (this controller): %s (kill %s)" % (
+        pids = [str(pid) for pid in workers]
+        here = "leftover ansible-playbook workers of a killed run on %s (this controller): %s" % (
             controller,
-            ", ".join(str(pid) for pid in workers),
-            " ".join(str(pid) for pid in workers),
+            ", ".join(pids),
         )
+        here += " (kill %s)" % " ".join(pids)
     else:
         here = "no leftover ansible-playbook worker runs on %s (this controller)" % controller
     return dict(refusal, msg="%s; %s" % (refusal["msg"], here))
@@ -201,12 +219,12 @@ class ActionModule(ActionBase):
     def _take_over(self, refusal, module_args, breaking, task_vars):
         holder = refusal["holder"]
         controller = module_args["_controller"]
+        live_pid = live_holder_pid(holder, controller, process_argv)
+        if live_pid is not None:
+            return still_running_here(refusal, live_pid, controller, breaking)
         reason = stale_reason(holder, controller, process_argv)
         if not reason and not breaking:
             return with_hint(refusal)
-        live_pid = live_holder_pid(holder, controller, process_argv)
-        if live_pid is not None:
-            return still_running_here(refusal, live_pid, controller)
         # Names the run to take the lock from rather than breaking any lock: a live run that
         # took the lock since the refusal is refused again, not overrun. An unreadable lock
         # names no run; only break_lock takes it.

@@ -123,8 +123,10 @@ def run_processes(run_id, state_dir, proc="/proc"):
         stat, argv = _stat(proc, pid), _read(proc, pid, "cmdline")
         if stat is None or stat[0] in ENDED_STATES:
             continue  # it ended while it was looked at
-        words = [word.decode("utf-8", "surrogateescape") for word in (argv or b"").split(b"\0") if word]
-        found.append({"pid": pid, "command": short_command(words), "started_at": started_at(stat[2])})
+        words = [word.decode("utf-8", "surrogateescape") for word in (argv or b"").split(b"\0")]
+        found.append(
+            {"pid": pid, "command": short_command(filter(None, words)), "started_at": started_at(stat[2])}
+        )
     return found
 
 

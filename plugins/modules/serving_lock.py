@@ -56,9 +56,10 @@ options:
     description:
       - Take the lock over from whichever run holds it, for a lock left by a run that is gone
         but cannot be proven gone from here (it ran on another controller).
-      - Refused while the holder's C(ansible-playbook) process still runs on this controller
-        (same controller name, its pid alive and running C(ansible-playbook), or unreadable),
-        and while the host still runs processes of the holder (see the description).
+      - Refused while the holder's C(ansible-playbook) process may still run on this
+        controller (the holder names this controller, and its pid is a live process running
+        C(ansible-playbook) or one whose command line cannot be read), and while the host still
+        runs processes of the holder (see the description).
       - The playbooks map C(-e serving_lock_break=true) to it.
     type: bool
     default: false

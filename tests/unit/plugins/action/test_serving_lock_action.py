@@ -253,6 +253,13 @@ TAKE_OVER = textwrap.dedent("""\
       hosts: localhost
       gather_facts: false
       tasks:
+        - name: Meet the lock of a run whose ansible-playbook still runs here
+          biv100.serving.serving_lock:
+            run_id: run-2
+            state_dir: "{{ out }}/live"
+          register: met
+          ignore_errors: true
+
         - name: Break the lock of a run whose ansible-playbook still runs here
           biv100.serving.serving_lock:
             run_id: run-2
@@ -277,7 +284,7 @@ TAKE_OVER = textwrap.dedent("""\
 
         - name: Keep the results for the test
           ansible.builtin.copy:
-            content: "{{ {'live': live, 'killed': killed, 'elsewhere': elsewhere} | to_json }}"
+            content: "{{ {'met': met, 'live': live, 'killed': killed, 'elsewhere': elsewhere} | to_json }}"
             dest: "{{ out }}/results.json"
             mode: "0644"
     """)
@@ -323,6 +330,9 @@ def test_no_lock_is_taken_from_a_live_run_or_from_a_killed_run_still_on_the_host
         "(this controller), and serving_lock_break takes no lock from a live run: wait for that run "
         "to end, or end it with kill %d (a SIGTERM, which it passes on to its workers; a SIGKILL "
         "would leave them running)" % (live_lock, here, live_run.pid, live_run.pid, here, live_run.pid))
+    # Without break_lock, the same advice, and no suggestion to break it.
+    assert results["met"]["failed"] and "serving_lock_break" not in results["met"]["msg"]
+    assert "still runs on %s (this controller): wait for that run to end" % here in results["met"]["msg"]
 
     refusal = results["killed"]
     assert refusal["failed"] and json.loads(killed_lock.read_text()) == killed
