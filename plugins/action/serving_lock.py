@@ -7,7 +7,10 @@ The host half knows only what it is told, so this side says who the run is (cont
 ansible-playbook process). When the host refuses because another run holds the lock, that run
 can be proven gone only if it ran on this controller: then its ansible-playbook process is
 looked for, and a lock it left behind is taken over with a warning. Any other holder is
-reported with how to break its lock by hand.
+reported with how to break its lock by hand; break_lock is decided here too, since only this
+side can see that the holder's ansible-playbook still runs on this controller. Either takeover
+is refused by the host while the holder's processes still run there; then this side names the
+workers a killed ansible-playbook left on this controller, which are what keeps them running.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ import getpass
 import os
 import socket
 
+from ansible.module_utils.parsing.convert_bool import boolean
 from ansible.plugins.action import ActionBase
 from ansible.utils.display import Display
 
@@ -23,6 +27,8 @@ display = Display()
 
 MODULE = "biv100.serving.serving_lock"
 BREAK_HINT = "if that run is gone, re-run with -e serving_lock_break=true"
+# include/linux/sched.h: the process was forked and has not called exec since.
+PF_FORKNOEXEC = 0x40
 
 
 def this_run():
@@ -62,14 +68,23 @@ def runs_ansible_playbook(argv):
     return any(os.path.basename(word).startswith("ansible-playbook") for word in argv[:2])
 
 
+def pid_here(holder, controller):
+    """The holder's ansible-playbook pid when it ran on this controller, else None: a pid means
+    nothing on another machine."""
+    pid = holder.get("pid")
+    if holder.get("controller") != controller or not isinstance(pid, int) or pid <= 0:
+        return None
+    return pid
+
+
 def stale_reason(holder, controller, argv_of):
     """Why the run holding the lock is certainly gone, or None while it may still be running.
 
-    Only a holder on this controller can be judged: a pid means nothing on another machine.
-    A process whose command line cannot be read is given the benefit of the doubt.
+    Only a holder on this controller can be judged. A process whose command line cannot be
+    read is given the benefit of the doubt.
     """
-    pid = holder.get("pid")
-    if holder.get("controller") != controller or not isinstance(pid, int) or pid <= 0:
+    pid = pid_here(holder, controller)
+    if pid is None:
         return None
     argv = argv_of(pid)
     if argv is None:
@@ -81,6 +96,97 @@ def stale_reason(holder, controller, argv_of):
             " ".join(argv),
         )
     return None
+
+
+def live_holder_pid(holder, controller, argv_of):
+    """The holder's ansible-playbook pid while it may still run on this controller, else None.
+
+    Exactly the holders of this controller that stale_reason does not find gone: a process of
+    that pid running ansible-playbook, or one whose command line cannot be read.
+    """
+    pid = pid_here(holder, controller)
+    if pid is None or stale_reason(holder, controller, argv_of) is not None:
+        return None
+    return pid
+
+
+def process_status(pid):
+    """(parent pid, kernel flags) of pid from /proc/<pid>/stat, or None when it cannot be read.
+
+    The command name in parentheses may hold spaces and parentheses itself, so the fields are
+    counted from the last closing parenthesis.
+    """
+    try:
+        with open("/proc/%d/stat" % pid, "rb") as stream:
+            raw = stream.read()
+    except OSError:
+        return None
+    fields = raw[raw.rindex(b")") + 2 :].split()
+    return int(fields[1]), int(fields[6])
+
+
+def leftover_workers(argv_of=process_argv, status_of=process_status):
+    """The pids of ansible-playbook workers on this controller whose ansible-playbook is gone.
+
+    ansible-core forks its workers from the ansible-playbook process without an exec (they keep
+    its command line, and the kernel's PF_FORKNOEXEC flag) and puts each in a session of its
+    own, so a SIGKILL of ansible-playbook reaches none of them: they are re-parented and go on.
+    An ansible-playbook started from a shell or a scheduler was exec'ed, and a live run's
+    workers have it as their parent: neither is listed. None on a controller without /proc.
+    """
+    try:
+        entries = os.listdir("/proc")
+    except OSError:
+        return None
+    found = []
+    for pid in sorted(int(entry) for entry in entries if entry.isdigit()):
+        argv = argv_of(pid)
+        status = status_of(pid)
+        if not argv or not runs_ansible_playbook(argv) or status is None:
+            continue
+        parent, flags = status
+        parent_argv = argv_of(parent)
+        if flags & PF_FORKNOEXEC and not (parent_argv and runs_ansible_playbook(parent_argv)):
+            found.append(pid)
+    return found
+
+
+def wants_break(args):
+    """break_lock as a boolean; None when it is not one (the host half then refuses it, naming
+    the option, before it looks at the lock)."""
+    try:
+        return boolean(args.get("break_lock", False), strict=True)
+    except TypeError:
+        return None
+
+
+def still_running_here(refusal, pid, controller, breaking):
+    """The refusal of a lock whose holder runs on this controller: how to end it, never a
+    suggestion to break it."""
+    unbroken = ", and serving_lock_break takes no lock from a live run" if breaking else ""
+    return dict(
+        refusal,
+        msg="%s; its ansible-playbook process %d still runs on %s (this controller)%s: wait for "
+        "that run to end, or end it with kill %d (a SIGTERM, which it passes on to its workers; "
+        "a SIGKILL would leave them running)" % (refusal["msg"], pid, controller, unbroken, pid),
+    )
+
+
+def with_leftover_workers(refusal, controller, workers):
+    """The host's refusal (the holder's processes still run there), with what keeps them
+    running on this controller when it can tell."""
+    if workers is None:
+        return refusal
+    if workers:
+        pids = [str(pid) for pid in workers]
+        here = "leftover ansible-playbook workers of a killed run on %s (this controller): %s" % (
+            controller,
+            ", ".join(pids),
+        )
+        here += " (kill %s)" % " ".join(pids)
+    else:
+        here = "no leftover ansible-playbook worker runs on %s (this controller)" % controller
+    return dict(refusal, msg="%s; %s" % (refusal["msg"], here))
 
 
 def refused(result):
@@ -99,25 +205,44 @@ class ActionModule(ActionBase):
         result = super().run(tmp, task_vars)
         # The module validates the task's arguments; this side only adds who the run is.
         module_args = dict(self._task.args, **this_run())
-        outcome = self._lock(module_args, task_vars)
+        breaking = wants_break(module_args)
+        if breaking is None:
+            result.update(self._lock(module_args, task_vars))
+            return result
+        # A lock is broken only once this side has seen its holder: first ask without breaking.
+        outcome = self._lock(dict(module_args, break_lock=False), task_vars)
         if refused(outcome):
-            outcome = self._take_over_if_stale(outcome, module_args, task_vars)
+            outcome = self._take_over(outcome, module_args, breaking, task_vars)
         result.update(outcome)
         return result
 
-    def _take_over_if_stale(self, refusal, module_args, task_vars):
+    def _take_over(self, refusal, module_args, breaking, task_vars):
         holder = refusal["holder"]
-        reason = stale_reason(holder, module_args["_controller"], process_argv)
-        if not reason:
+        controller = module_args["_controller"]
+        live_pid = live_holder_pid(holder, controller, process_argv)
+        if live_pid is not None:
+            return still_running_here(refusal, live_pid, controller, breaking)
+        reason = stale_reason(holder, controller, process_argv)
+        if not reason and not breaking:
             return with_hint(refusal)
-        # Names the stale run rather than breaking any lock: a live run that took the lock
-        # since the refusal is refused again, not overrun.
-        retried = self._lock(dict(module_args, _break_stale=holder["run_id"]), task_vars)
+        # Names the run to take the lock from rather than breaking any lock: a live run that
+        # took the lock since the refusal is refused again, not overrun. An unreadable lock
+        # names no run; only break_lock takes it.
+        if holder.get("run_id") is not None:
+            take_over = {"break_lock": False, "_break_stale": holder["run_id"]}
+        else:
+            take_over = {"break_lock": True}
+        retried = self._lock(dict(module_args, **take_over), task_vars)
+        if retried.get("holder_processes"):
+            if holder.get("controller") != controller:
+                return retried
+            return with_leftover_workers(retried, controller, leftover_workers())
         if retried.get("failed"):
             return with_hint(retried) if refused(retried) else retried
-        # Through Display, as ansible-core's own actions warn: ansible-core 2.21's output fails on
-        # a text added to the warnings of a module's result.
-        display.warning("run %s left the lock behind (%s): this run took it over" % (holder["run_id"], reason))
+        if reason:
+            # Through Display, as ansible-core's own actions warn: ansible-core 2.21's output
+            # fails on a text added to the warnings of a module's result.
+            display.warning("run %s left the lock behind (%s): this run took it over" % (holder["run_id"], reason))
         return retried
 
     def _lock(self, module_args, task_vars):

@@ -22,6 +22,13 @@ description:
     run started on this same controller whose C(ansible-playbook) process no longer runs (a
     crashed or killed deployment), it takes the lock over and warns, naming that run. A lock
     left by a run on another controller is only taken over with O(break_lock=true).
+  - A lock is never taken over while its holder still has processes on the host. A killed
+    C(ansible-playbook) leaves its workers running on the controller, and they can still be
+    running a module on the host. The playbooks mark every module of a lock-taking play with
+    the run's id in the variable C(BIV100_SERVING_RUN) of its environment (a play-level
+    C(environment)). Before it takes a lock over, the module looks in C(/proc) for processes
+    that carry the holder's id and see this host's O(state_dir). It refuses while one runs,
+    naming each by pid, command and start time, and says how to end them.
   - Looking at the lock and changing it happen under an C(flock) of the state directory, so
     two deployments starting at the same instant cannot both take it; the lock is written
     through a temporary file and a rename, so it is never seen half-written.
@@ -49,6 +56,10 @@ options:
     description:
       - Take the lock over from whichever run holds it, for a lock left by a run that is gone
         but cannot be proven gone from here (it ran on another controller).
+      - Refused while the holder's C(ansible-playbook) process may still run on this
+        controller (the holder names this controller, and its pid is a live process running
+        C(ansible-playbook) or one whose command line cannot be read), and while the host still
+        runs processes of the holder (see the description).
       - The playbooks map C(-e serving_lock_break=true) to it.
     type: bool
     default: false
@@ -61,8 +72,9 @@ attributes:
   action:
     support: full
     details:
-      - The action of the same name names the run and takes over a dead run's lock; it passes
-        the host half internal C(_)-prefixed options of its own, which tasks do not give.
+      - The action of the same name names the run, takes over a dead run's lock and decides
+        O(break_lock) with what the controller sees; it passes the host half internal
+        C(_)-prefixed options of its own, which tasks do not give.
   async:
     support: none
   bypass_host_loop:
@@ -71,7 +83,7 @@ attributes:
     support: full
     details:
       - Writes nothing; a lock held by another run still fails, so that a check run detects a
-        concurrent deployment.
+        concurrent deployment, and so does a takeover refused because the holder still runs.
   diff_mode:
     support: full
     details:
@@ -81,27 +93,41 @@ notes:
     the action (ansible-core forks its workers from it), so a holder's C(pid) lives exactly as
     long as its run.
   - Releasing a lock another run holds leaves it in place, with a warning.
+  - Processes are found only where this module may read their environment
+    (C(/proc/<pid>/environ)), those of its own user or, as root, every one; run the
+    deployments as one user.
 seealso:
   - module: biv100.serving.serving_overlay
 """
 
 EXAMPLES = r"""
-- name: Make one id for this run
-  ansible.builtin.set_fact:
-    serving_run_id: "{{ now(utc=true, fmt='%Y%m%dT%H%M%SZ') }}-{{ 99999 | random }}"
-  run_once: true
+- name: Name the run
+  hosts: biv100
+  gather_facts: false
+  tasks:
+    - name: Make one id for this run
+      ansible.builtin.set_fact:
+        serving_run_id: "{{ now(utc=true, fmt='%Y%m%dT%H%M%SZ') }}-{{ 99999 | random }}"
+      run_once: true
 
-- name: Hold the host for this deployment
-  biv100.serving.serving_lock:
-    run_id: "{{ serving_run_id }}"
-    playbook: "{{ ansible_play_name }}"
-    release: "{{ serving_release }}"
-    break_lock: "{{ serving_lock_break | default(false) | bool }}"
+- name: Deploy under the lock
+  hosts: biv100
+  gather_facts: false
+  # Every module of the play carries the run's id: a later run finds them if this one is killed.
+  environment:
+    BIV100_SERVING_RUN: "{{ serving_run_id }}"
+  tasks:
+    - name: Hold the host for this deployment
+      biv100.serving.serving_lock:
+        run_id: "{{ serving_run_id }}"
+        playbook: "{{ ansible_play_name }}"
+        release: "{{ serving_release }}"
+        break_lock: "{{ serving_lock_break | default(false) | bool }}"
 
-- name: Let the next deployment in
-  biv100.serving.serving_lock:
-    run_id: "{{ serving_run_id }}"
-    state: absent
+    - name: Let the next deployment in
+      biv100.serving.serving_lock:
+        run_id: "{{ serving_run_id }}"
+        state: absent
 """
 
 RETURN = r"""
@@ -124,6 +150,18 @@ holder:
     playbook: deploy.yml
     release: sub510
     acquired_at: "2026-05-09T07:35:26Z"
+holder_processes:
+  description:
+    - The processes of the holder that still run on the host, when they kept the task from
+      taking the lock over; the command is shortened to file names (a module piped to its
+      interpreter shows as the interpreter alone).
+  returned: when a takeover was refused because the holder still runs on the host
+  type: list
+  elements: dict
+  sample:
+    - pid: 48377
+      command: python3 AnsiballZ_engine_health.py
+      started_at: "2026-05-09T07:36:02Z"
 previous_holder:
   description: The run this task took the lock over from (O(break_lock), or a stale holder).
   returned: when the lock was taken over
@@ -144,6 +182,10 @@ import json
 import os
 
 from ansible.module_utils.basic import AnsibleModule
+from ansible_collections.biv100.serving.plugins.module_utils._run_processes import (
+    describe_processes,
+    run_processes,
+)
 from ansible_collections.biv100.serving.plugins.module_utils._state_store import (
     DEFAULT_STATE_DIR,
     StateDir,
@@ -216,11 +258,34 @@ def our_holder(params):
 def may_take_over(params, holder):
     """Whether this task may take the lock from holder.
 
-    The action names the one stale run it found (_break_stale) rather than asking for
-    break_lock, so that a live run which took the lock since is not overrun.
+    The action names the one run it found stale, or the operator declared stale with
+    break_lock (_break_stale), rather than asking for break_lock, so that a live run which took
+    the lock since is not overrun.
     """
-    stale = params["_break_stale"]
-    return params["break_lock"] or (stale is not None and holder.get("run_id") == stale)
+    named = params["_break_stale"]
+    return params["break_lock"] or (named is not None and holder.get("run_id") == named)
+
+
+def refuse_while_it_runs(module, path, holder):
+    """Fail when the holder still has processes working on this host: its lock is not over."""
+    processes = run_processes(holder.get("run_id"), os.path.dirname(path))
+    if not processes:
+        return
+    module.fail_json(
+        msg="%s is held by %s, which still runs on this host: %s. The lock is not taken over "
+        "while they run: end that run's leftover ansible-playbook workers on %s, then wait for "
+        "these processes to end or end them (kill %s), and run again"
+        % (
+            path,
+            describe(holder),
+            describe_processes(processes),
+            holder.get("controller") or "its controller",
+            " ".join(str(process["pid"]) for process in processes),
+        ),
+        lock=path,
+        holder=holder,
+        holder_processes=processes,
+    )
 
 
 def acquire(module, path, ours):
@@ -232,6 +297,7 @@ def acquire(module, path, ours):
             module.fail_json(
                 msg="%s is held by %s" % (path, describe(holder)), lock=path, holder=holder
             )
+        refuse_while_it_runs(module, path, holder)
     if not module.check_mode:
         write_json(path, ours)
     return taken(path, ours, holder)

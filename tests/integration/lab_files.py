@@ -14,6 +14,7 @@ import yaml
 from lab import descendants  # noqa: F401  # pylint: disable=unused-import
 from playbook_runs import REPO
 
+from ansible_collections.biv100.serving.plugins.module_utils._run_processes import RUN_MARKER
 from ansible_collections.biv100.serving.plugins.module_utils._state_store import DEFAULT_STATE_DIR as STATE
 # What a healthy engine's probe summary starts with: every probe of the default suite passed.
 DEFAULT_PROBES = len(yaml.safe_load((REPO / "files" / "probes" / "default.yml").read_text()))
@@ -79,6 +80,35 @@ def option_values(argv: list[str]) -> dict[str, str | None]:
         else:
             index += 1
     return options
+
+
+def lock_holder(host) -> dict | None:
+    """The run that holds the host's lock, None while it is free."""
+    try:
+        return json.loads(host.path(f"{STATE}/lock").read_text())
+    except FileNotFoundError:
+        return None
+
+
+def run_pids(run_id: str) -> list[int]:
+    """The processes that carry the run's marker in their environment (its modules, as the
+    playbooks mark them): on every lab host at once, since the hosts share this machine's
+    processes."""
+    marker = f"{RUN_MARKER}={run_id}".encode()
+    found = []
+    for environ in Path("/proc").glob("[0-9]*/environ"):
+        try:
+            if marker in environ.read_bytes().split(b"\0"):
+                found.append(int(environ.parent.name))
+        except OSError:
+            continue  # ended meanwhile
+    return sorted(found)
+
+
+def start_ticks(pid: int) -> int:
+    """When the process started, in clock ticks after boot (its stat's 22nd field)."""
+    raw = Path(f"/proc/{pid}/stat").read_bytes()
+    return int(raw[raw.rindex(b")") + 2:].split()[19])
 
 
 def current_release(host) -> dict:

@@ -23,6 +23,7 @@ import yaml
 
 from lab_files import (
     CHAT,
+    PID_FILE,
     PROTOCOL,
     REGISTRY,
     STATE,
@@ -34,13 +35,18 @@ from lab_files import (
     engine_process,
     host_of,
     host_state,
+    lock_holder,
     option_values,
     overlay,
     package_file,
     recorded,
+    run_pids,
     serving_digests,
+    start_ticks,
 )
 from playbook_runs import ONE_BATCH, REPO, run_playbook, start_playbook
+
+from ansible_collections.biv100.serving.plugins.action.serving_lock import process_argv, runs_ansible_playbook
 
 import lab as lab_builder
 
@@ -425,6 +431,15 @@ def kill_controller(controller: subprocess.Popen) -> None:
     controller.wait()
 
 
+def ended(condition, timeout=60) -> bool:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.1)
+    return True
+
+
 def test_a_host_whose_sshd_dies_mid_stage_is_reported_unreachable_while_the_others_finish(lab, first_deploy, tmp_path):
     lost = lab.hosts[1]
     others = [host for host in lab.hosts if host is not lost]
@@ -475,12 +490,17 @@ def test_a_deploy_killed_inside_staging_leaves_whole_files_and_a_rerun_completes
         kill_controller(controller)
         # The kill landed while the watched host was staging, not before or after it.
         assert seen, f"{moment}: staging on {watched.name} was not caught in progress"
+        # The hosts finish the module they were running, their sessions gone; the next run
+        # waits for them, as an operator does (a run's lock is not taken while its modules run).
+        killed = lock_holder(watched)["run_id"]
+        assert ended(lambda: not run_pids(killed)), f"{moment}: run {killed} still runs {run_pids(killed)}"
         for host in lab.hosts:
             for path, sha in wanted.items():
                 assert digest(package_file(host, path)) in (None, sha), (moment, host.name, path)
         for key, sha in serving_digests(lab).items():
             assert sha == old[key], key  # the shipped patches were already installed
-    # The killed runs' locks are stale (their controller process is gone): taken over, not refused.
+    # The killed runs' locks are stale (their controller process and modules are gone): taken
+    # over, not refused.
     again = {"serving_release": "sub561", "stage_payload_dir": str(payload), **ONE_BATCH}
     rerun = run_playbook(DEPLOY, lab.inventory_path, tmp_path, extravars=again)
     assert rerun.rc == 0, rerun.stats
@@ -488,6 +508,102 @@ def test_a_deploy_killed_inside_staging_leaves_whole_files_and_a_rerun_completes
         assert current_release(host)["id"] == "sub561"
         for path, sha in wanted.items():
             assert digest(package_file(host, path)) == sha
+
+
+def waiting_for_health(host) -> bool:
+    """Whether the run holding the host's lock waits there for its never-healthy engine, read off
+    the host: a module of that run, started after the engine, still runs."""
+    holder = lock_holder(host)
+    try:
+        _argv, environ = engine_process(host)
+        engine = start_ticks(int(host.path(PID_FILE).read_text()))
+    except (FileNotFoundError, ProcessLookupError, ValueError):
+        return False  # between two engines
+    return (holder is not None and environ.get("BIV100_STANDIN_NEVER_HEALTHY") == "1"
+            and any(start_ticks(pid) > engine for pid in run_pids(holder["run_id"])))
+
+
+def test_a_killed_deploys_lock_is_not_broken_while_its_module_still_runs_on_the_host(lab, first_deploy, tmp_path):
+    host = lab.hosts[0]
+    env = dict(os.environ, ANSIBLE_CONFIG=str(REPO / "ansible.cfg"), BIV100_LEDGER_DIR=str(tmp_path / "ledger"))
+    never = {"PYTHONPATH": "/usr/local/corex/lab", "BIV100_STANDIN_NEVER_HEALTHY": "1"}
+    command = [str(Path(sys.executable).with_name("ansible-playbook")), DEPLOY, "-i", str(lab.inventory_path),
+               "-l", host.name, "-e", json.dumps({"serving_release": "sub570", "engine_env": never,
+                                                  "engine_health_timeout": 600})]
+    controller = subprocess.Popen(command, cwd=REPO, env=env, stdout=subprocess.DEVNULL,
+                                  stderr=subprocess.DEVNULL, start_new_session=True)
+    workers, killed = {}, None
+    try:
+        seen = caught(lambda: waiting_for_health(host), lambda: controller.poll() is None)
+        # SIGKILL, as an operator's `kill -9`: ansible-playbook alone dies; its workers, in
+        # sessions of their own, live on, and the host goes on waiting for the engine.
+        workers = started(descendants(controller.pid))
+        os.killpg(controller.pid, signal.SIGKILL)
+        controller.wait()
+        assert seen, f"the wait for the engine's health on {host.name} was not caught"
+        killed = lock_holder(host)
+        (module,) = run_pids(killed["run_id"])
+        release, engine = current_release(host), engine_process(host)
+
+        breaking = {"serving_release": "sub570", "serving_lock_break": True}
+        refused = run_playbook(DEPLOY, lab.inventory_path, tmp_path / "refused", limit=host.name, extravars=breaking)
+
+        assert refused.hosts_with("failures") == {host.name}
+        # The lock task's refusal (the host's failure repeats it).
+        message, *_repeated = [text for text in refused.failure_messages(host.name) if "still runs on this host" in text]
+        assert f"is held by run {killed['run_id']} " in message
+        assert f"which still runs on this host: pid {module} (python3, since " in message
+        assert f"or end them (kill {module}), and run again; " in message
+        named = re.search(r"leftover ansible-playbook workers of a killed run on \S+ \(this controller\): ([\d, ]+) ",
+                          message)
+        assert named, message
+        assert set(playbook_forks(workers)) <= {int(pid) for pid in named[1].split(", ")}
+        assert lock_holder(host) == killed
+        assert (current_release(host), engine_process(host)) == (release, engine)
+
+        # As the message says: end the workers, then the module on the host, and run again.
+        end(workers, signal.SIGTERM)
+        end(started([module]), signal.SIGTERM)
+        assert ended(lambda: not run_pids(killed["run_id"]) and not alive(workers))
+
+        accepted = run_playbook(DEPLOY, lab.inventory_path, tmp_path / "accepted", limit=host.name, extravars=breaking)
+
+        assert accepted.rc == 0, accepted.stats
+        assert f"run {killed['run_id']} left the lock behind" in accepted.stdout()
+        assert (current_release(host)["id"], current_release(host)["status"]) == ("sub570", "good")
+        assert "BIV100_STANDIN_NEVER_HEALTHY" not in engine_process(host)[1]
+        assert lock_holder(host) is None
+    finally:
+        # Whatever this test left running: the killed run's workers and its processes on the host.
+        end(workers, signal.SIGKILL)
+        end(started(run_pids(killed["run_id"]) if killed else []), signal.SIGKILL)
+
+
+def started(pids) -> dict[int, int]:
+    """{pid: start time} of the processes that run now, so that ending them later never ends
+    another process that took a pid of theirs."""
+    found = {}
+    for pid in pids:
+        with contextlib.suppress(FileNotFoundError, ProcessLookupError):
+            found[pid] = start_ticks(pid)
+    return found
+
+
+def end(processes: dict[int, int], signum) -> None:
+    for pid, ticks in started(processes).items():
+        if ticks == processes[pid]:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signum)
+
+
+def alive(processes: dict[int, int]) -> list[int]:
+    return [pid for pid, ticks in started(processes).items() if ticks == processes[pid]]
+
+
+def playbook_forks(processes: dict[int, int]) -> list[int]:
+    """Those of the processes that run ansible-playbook's command line: its workers, not their
+    ssh clients."""
+    return [pid for pid in alive(processes) if runs_ansible_playbook(process_argv(pid) or ())]
 
 
 # --- concurrency ----------------------------------------------------------------------------

@@ -52,13 +52,14 @@ def checkout_copy():
 
 @pytest.fixture
 def started_process():
-    """start(argv): a Popen of argv in a session of its own, returned once the child runs argv
-    (between fork and exec, and while exec swaps the image, /proc/<pid>/cmdline is the parent's
-    or empty, so a test asserting on a command line must not look earlier). Killed at teardown."""
+    """start(argv, env=None): a Popen of argv in a session of its own, returned once the child
+    runs argv (between fork and exec, and while exec swaps the image, /proc/<pid>/cmdline and
+    environ are the parent's or empty, so a test asserting on either must not look earlier).
+    Killed at teardown."""
     started = []
 
-    def start(argv, seconds=5.0):
-        process = subprocess.Popen(argv, start_new_session=True)
+    def start(argv, seconds=5.0, env=None):
+        process = subprocess.Popen(argv, start_new_session=True, env=env)
         started.append(process)
         wanted = "\0".join(argv).encode() + b"\0"
         deadline = time.monotonic() + seconds

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import multiprocessing
+import os
 import sys
 
 import pytest
@@ -120,6 +121,44 @@ def test_a_run_that_took_the_lock_since_the_stale_one_is_not_overrun(lock, lock_
     failed, result = lock(_break_stale=OTHER["run_id"])
     assert failed and result["holder"]["run_id"] == "newer"
     assert holder_in(lock_path)["run_id"] == "newer"
+
+
+@pytest.fixture
+def holder_still_runs(started_process):
+    """A process of OTHER's run on this host, as a module of it left by a killed controller."""
+    return started_process(["sleep", "60"], env=dict(os.environ, BIV100_SERVING_RUN=OTHER["run_id"]))
+
+
+@pytest.mark.parametrize("take_over", [{"break_lock": True}, {"_break_stale": OTHER["run_id"]}],
+                         ids=["break_lock", "stale"])
+def test_no_takeover_while_the_holder_still_runs_on_the_host(lock, lock_path, holder_still_runs, take_over):
+    held_by(lock_path, OTHER)
+    pid = holder_still_runs.pid
+    for check_mode in (True, False):
+        failed, result = lock(_ansible_check_mode=check_mode, **take_over)
+        assert failed and holder_in(lock_path) == OTHER
+        [process] = result["holder_processes"]
+        assert (process["pid"], process["command"]) == (pid, "sleep 60")
+        assert result["holder"] == OTHER
+        assert result["msg"] == (
+            "%s is held by run 20260508T221003Z-118 (alice@ctl2, pid 777, playbook deploy.yml, "
+            "release sub509) since 2026-05-08T22:10:04Z, which still runs on this host: pid %d "
+            "(sleep 60, since %s). The lock is not taken over while they run: end that run's "
+            "leftover ansible-playbook workers on ctl2, then wait for these processes to end or "
+            "end them (kill %d), and run again" % (lock_path, pid, process["started_at"], pid)
+        )
+    holder_still_runs.kill()
+    holder_still_runs.wait()
+    failed, result = lock(**take_over)
+    assert not failed and result["previous_holder"] == OTHER
+    assert holder_in(lock_path)["run_id"] == "run-1"
+
+
+def test_processes_of_another_run_do_not_keep_the_lock(lock, lock_path, started_process):
+    held_by(lock_path, OTHER)
+    started_process(["sleep", "60"], env=dict(os.environ, BIV100_SERVING_RUN="run-1"))
+    failed, result = lock(break_lock=True)
+    assert not failed and result["previous_holder"] == OTHER
 
 
 def test_an_unreadable_lock_still_holds_the_host(lock, lock_path):
