@@ -386,11 +386,13 @@ def test_a_state_store_that_fills_up_mid_stage_fails_clearly_and_changes_no_inst
 # --- interruption ---------------------------------------------------------------------------
 
 
-def many_files_payload(tmp_path) -> tuple[Path, dict[str, str]]:
+def many_files_payload(tmp_path, stem: str) -> tuple[Path, dict[str, str]]:
     """The shipped payload and 24 more files, so that staging takes long enough to be caught
-    in progress; returns the payload and {path: sha256} of the added files."""
+    in progress; returns the payload and {path: sha256} of the added files. Each test names its
+    files by its own stem, so that a file another test installed is never taken for one this
+    test's run installs."""
     payload = copy_payload(tmp_path)
-    bodies = {f"part{number}": f"PART = {number}\n" + "# padding\n" * 2000 for number in range(24)}
+    bodies = {f"{stem}{number}": f"PART = {number}\n" + "# padding\n" * 2000 for number in range(24)}
     for name, body in bodies.items():
         overlay(payload, name, f"entrypoints/openai/{name}.py", body)
     return payload, {f"entrypoints/openai/{name}.py": hashlib.sha256(body.encode()).hexdigest()
@@ -443,7 +445,7 @@ def ended(condition, timeout=60) -> bool:
 def test_a_host_whose_sshd_dies_mid_stage_is_reported_unreachable_while_the_others_finish(lab, first_deploy, tmp_path):
     lost = lab.hosts[1]
     others = [host for host in lab.hosts if host is not lost]
-    payload, wanted = many_files_payload(tmp_path)
+    payload, wanted = many_files_payload(tmp_path, "lost")
     deploy = {"serving_release": "sub550", "stage_payload_dir": str(payload), **ONE_BATCH}
     running = start_playbook(DEPLOY, lab.inventory_path, tmp_path / "cut", extravars=deploy)
     seen = caught(lambda: release_being_staged(lost, "sub550"), running.running)
@@ -470,7 +472,7 @@ def test_a_host_whose_sshd_dies_mid_stage_is_reported_unreachable_while_the_othe
 
 
 def test_a_deploy_killed_inside_staging_leaves_whole_files_and_a_rerun_completes_it(lab, first_deploy, tmp_path):
-    payload, wanted = many_files_payload(tmp_path)
+    payload, wanted = many_files_payload(tmp_path, "killed")
     old = serving_digests(lab)
     env = dict(os.environ, ANSIBLE_CONFIG=str(REPO / "ansible.cfg"), BIV100_LEDGER_DIR=str(tmp_path / "ledger"))
     watched = lab.hosts[0]
@@ -634,7 +636,7 @@ def test_a_deploy_while_another_run_holds_one_host_is_refused_whole_naming_the_h
 
 
 def test_two_deploys_started_together_one_holds_every_host_and_the_other_changes_nothing(lab, first_deploy, tmp_path):
-    releases = ("sub570", "sub571")
+    releases = ("sub580", "sub581")
     started = {release: start_playbook(DEPLOY, lab.inventory_path, tmp_path / release,
                                        extravars={"serving_release": release, **ONE_BATCH})
                for release in releases}

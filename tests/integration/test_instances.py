@@ -199,7 +199,6 @@ def test_gpu_facts_show_each_instances_engine_on_its_gpus_as_the_collections_own
     assert busy.rc != 0 and any("GPU 5 by pid 4242 (train.py)" in text for text in busy.failure_messages(eight.name))
 
 
-
 def test_verify_names_the_instance_that_is_down_and_finds_the_rest_healthy(lab, deployed, tmp_path):
     eight = lab.hosts[1]
     # The engine runs in a process group of its own (engine_process starts it so).

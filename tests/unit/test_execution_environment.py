@@ -125,8 +125,8 @@ def test_the_python_packages_are_requirements_txts_pins_and_all_the_controller_n
     # installed beside them here: nothing left to whatever the index has on the day of a build.
     # A package needed only below some Python (typing_extensions under 3.13) is pinned too: the
     # image's Python may be older than the one running this test.
-    needed, older_pythons, todo = set(), set(), ["ansible-core", "ansible-runner", "jmespath", "jsonschema", "scipy",
-                                        "matplotlib"]
+    needed, older_pythons = set(), set()
+    todo = ["ansible-core", "ansible-runner", "jmespath", "jsonschema", "scipy", "matplotlib"]
     while todo:
         name = canonicalize_name(todo.pop())
         if name not in needed:

@@ -24,7 +24,7 @@ WEIGHTS = {"throughput": 60, "latency": 40}
 
 def noisy(centre, spread, count, seed):
     rng = random.Random(seed)
-    return [centre * (1 + rng.uniform(-spread, spread)) for _ in range(count)]
+    return [centre * (1 + rng.uniform(-spread, spread)) for _draw in range(count)]
 
 
 def test_the_u_test_is_scipys_and_the_shift_the_median_of_every_pairwise_difference():
