@@ -190,7 +190,11 @@ def test_break_lock_is_read_as_ansible_reads_a_boolean():
     assert wants_break({"break_lock": "maybe"}) is None
 
 
-WORKER, RUN, LIVE, TOP = 101, 102, 103, 104
+# Pids of the fake process table below.
+WORKER = 101
+RUN = 102
+LIVE = 103
+TOP = 104
 
 
 def test_leftover_workers_are_forked_ansible_playbooks_whose_parent_is_not_one(monkeypatch):
