@@ -246,19 +246,19 @@ class Handler(BaseHTTPRequestHandler):
             # wait for their tokens.
             self._start_stream()
             with self.state.sequences(sequences, arrived) as start:
-                self._paced_stream(completion, body, start, stream_chunks)
+                self._paced_stream(completion, body, start, stream_chunks, self.state.rates.for_request())
             self._end_stream()
         else:
             with self.state.sequences(sequences, arrived) as start:
                 last_token = max(choice.completion_tokens for choice in completion.choices)
-                speed_model.sleep_until(start + self.state.rates.request_seconds(
+                speed_model.sleep_until(start + self.state.rates.for_request().request_seconds(
                     completion.prompt_tokens, last_token))
             self._json(200, response_body(completion, body))
 
-    def _paced_stream(self, completion, body, start, stream_chunks):
+    def _paced_stream(self, completion, body, start, stream_chunks, rates):
         schedule = speed_model.stream_schedule(
             list(stream_chunks(completion, body)), completion.prompt_tokens,
-            [choice.completion_tokens for choice in completion.choices], self.state.rates)
+            [choice.completion_tokens for choice in completion.choices], rates)
         continuous = speed_model.continuous_usage(body)
         for batch in speed_model.paced(schedule, start):
             events = []

@@ -44,6 +44,14 @@ Rates (environment of the stand-in; both are per sequence):
     BIV100_STANDIN_PREFILL_TPS   prompt tokens per second          (default 40000)
     BIV100_STANDIN_DECODE_TPS    output tokens per second          (default 5000)
 
+Noise. A real engine's requests do not all take the same time. With BIV100_STANDIN_JITTER = j
+(a fraction, 0 <= j < 1, default 0: none), each request runs (1 + u) times as long as the rates
+say, its prefill and its decode alike, u drawn uniformly from [-j, +j] by a random.Random seeded
+with BIV100_STANDIN_SEED (an integer, default 0), one draw per request in the order requests
+start running. The same seed, load and order give the same draws, so a test of a canary's
+analysis knows the spread its samples have; the rates set a host's mean (a slower canary is a
+lower BIV100_STANDIN_DECODE_TPS in its engine_env) and the jitter its noise.
+
 The defaults put the lab's default bench load (files/bench/default.yml: prompts of about 1024
 tokens answered with 128 to 256 tokens, two in flight on an engine with max_num_seqs 2) at a
 predicted weighted score (0.83 x output tokens/s + 0.17 x input tokens/s) of 10,093 (256
@@ -57,11 +65,14 @@ the answer length.
 
 import collections
 import math
+import random
 import threading
 import time
 
 PREFILL_TPS_VARIABLE = "BIV100_STANDIN_PREFILL_TPS"
 DECODE_TPS_VARIABLE = "BIV100_STANDIN_DECODE_TPS"
+JITTER_VARIABLE = "BIV100_STANDIN_JITTER"
+SEED_VARIABLE = "BIV100_STANDIN_SEED"
 DEFAULT_PREFILL_TPS = 40000.0
 DEFAULT_DECODE_TPS = 5000.0
 # At most 200 writes a second per stream: tokens due in between leave together.
@@ -78,16 +89,28 @@ class RateError(ValueError):
 
 
 class Rates:
-    """Per-sequence prefill and decode rates, in tokens per second."""
+    """Per-sequence prefill and decode rates, in tokens per second, and the requests' noise."""
 
-    def __init__(self, prefill_tps=DEFAULT_PREFILL_TPS, decode_tps=DEFAULT_DECODE_TPS):
+    def __init__(self, prefill_tps=DEFAULT_PREFILL_TPS, decode_tps=DEFAULT_DECODE_TPS, jitter=0.0, seed=0):
         self.prefill_tps = float(prefill_tps)
         self.decode_tps = float(decode_tps)
+        self.jitter = float(jitter)
+        self._draws = random.Random(seed)
+        self._drawing = threading.Lock()
 
     @classmethod
     def from_environ(cls, environ):
         return cls(_rate(environ, PREFILL_TPS_VARIABLE, DEFAULT_PREFILL_TPS),
-                   _rate(environ, DECODE_TPS_VARIABLE, DEFAULT_DECODE_TPS))
+                   _rate(environ, DECODE_TPS_VARIABLE, DEFAULT_DECODE_TPS),
+                   _jitter(environ), _seed(environ))
+
+    def for_request(self):
+        """The rates one request runs at: these, slowed or sped up by its draw of the noise."""
+        if not self.jitter:
+            return self
+        with self._drawing:  # requests start on several threads; the draws keep their order
+            stretch = 1 + self._draws.uniform(-self.jitter, self.jitter)
+        return Rates(self.prefill_tps / stretch, self.decode_tps / stretch)
 
     def prefill_seconds(self, prompt_tokens):
         return prompt_tokens / self.prefill_tps
@@ -101,7 +124,8 @@ class Rates:
         return self.token_due(prompt_tokens, output_tokens)
 
     def __repr__(self):
-        return f"Rates(prefill_tps={self.prefill_tps:g}, decode_tps={self.decode_tps:g})"
+        noise = f", jitter={self.jitter:g}" if self.jitter else ""
+        return f"Rates(prefill_tps={self.prefill_tps:g}, decode_tps={self.decode_tps:g}{noise})"
 
 
 def _rate(environ, name, default):
@@ -115,6 +139,29 @@ def _rate(environ, name, default):
     if not (value > 0 and math.isfinite(value)):
         raise RateError(f"{name}={raw} is not a positive number of tokens per second")
     return value
+
+
+def _jitter(environ):
+    raw = environ.get(JITTER_VARIABLE)
+    if raw is None or raw == "":
+        return 0.0
+    try:
+        value = float(raw)
+    except ValueError:
+        value = float("nan")
+    if not 0 <= value < 1:
+        raise RateError(f"{JITTER_VARIABLE}={raw} is not a fraction in [0, 1)")
+    return value
+
+
+def _seed(environ):
+    raw = environ.get(SEED_VARIABLE)
+    if raw is None or raw == "":
+        return 0
+    try:
+        return int(raw)
+    except ValueError:
+        raise RateError(f"{SEED_VARIABLE}={raw} is not an integer") from None
 
 
 def sequences_of(n, max_num_seqs):

@@ -42,6 +42,34 @@ def test_rates_must_be_positive_numbers(value):
         speed_model.Rates.from_environ({"BIV100_STANDIN_DECODE_TPS": value})
 
 
+def test_the_noise_and_its_seed_come_from_the_environment_with_none_by_default():
+    quiet = speed_model.Rates.from_environ({})
+    assert quiet.jitter == 0 and quiet.for_request() is quiet
+    noisy = speed_model.Rates.from_environ({"BIV100_STANDIN_JITTER": "0.1", "BIV100_STANDIN_SEED": "7"})
+    assert noisy.jitter == 0.1 and noisy.for_request() is not noisy
+
+
+@pytest.mark.parametrize(("name", "value"), [("BIV100_STANDIN_JITTER", "-0.1"), ("BIV100_STANDIN_JITTER", "1"),
+                                             ("BIV100_STANDIN_JITTER", "lots"), ("BIV100_STANDIN_SEED", "1.5")])
+def test_the_noise_must_be_a_fraction_and_its_seed_an_integer(name, value):
+    with pytest.raises(speed_model.RateError, match=name):
+        speed_model.Rates.from_environ({name: value})
+
+
+def test_each_request_draws_its_stretch_within_the_jitter_and_a_seed_repeats_the_draws():
+    def durations(seed):
+        rates = speed_model.Rates(prefill_tps=1000, decode_tps=100, jitter=0.1, seed=seed)
+        return [rates.for_request().request_seconds(500, 11) for _request in range(400)]
+
+    base = speed_model.Rates(prefill_tps=1000, decode_tps=100).request_seconds(500, 11)  # 0.6 s
+    first = durations(seed=1)
+    assert durations(seed=1) == first and durations(seed=2) != first
+    assert all(base * 0.9 <= seconds <= base * 1.1 for seconds in first)
+    # Spread over the whole interval, centred on the rates' own time.
+    assert min(first) < base * 0.92 and max(first) > base * 1.08
+    assert sum(first) / len(first) == pytest.approx(base, rel=0.01)
+
+
 def test_throughput_of_a_closed_loop_load():
     rates = speed_model.Rates(prefill_tps=1000, decode_tps=100)
     # 500 prompt tokens in 0.5 s, then 11 tokens in 0.1 s more; two run at once.
