@@ -54,7 +54,7 @@ DELTA_FIGURES = (
 )
 # What the results file holds of the module's result.
 FIGURE_KEYS = ("requests", "input_tokens", "output_tokens", "duration_s", "request_tps", "input_tps",
-               "output_tps", "total_tps", "ttft_ms", "tpot_ms", "itl_ms", "e2e_ms", "weights", "score")
+               "output_tps", "total_tps", "ttft_ms", "tpot_ms", "itl_ms", "e2e_ms", "samples", "weights", "score")
 # A registered task result's own keys, left out of the quality verdict recorded.
 TASK_RESULT_KEYS = ("changed", "failed", "skipped", "invocation", "warnings", "deprecations", "exception")
 MODULE_OPTIONS = ("url", "api_key_env_file", "served_model_name", "requests", "warmup", "concurrency",

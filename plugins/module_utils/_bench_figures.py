@@ -24,6 +24,9 @@ so that a figure here means what the same name means in a vLLM benchmark report:
   engine worked on);
 - throughputs are totals over the successful requests divided by the measured duration, the
   wall time from the first measured request's start to the last one's end;
+- a request's own output throughput (a sample, not one of vLLM's figures) is its output tokens
+  over its E2E latency; `samples` keeps each successful measured request's output throughput,
+  TTFT, TPOT (more than one output token) and E2E latency, in the order the requests started;
 - mean, p50, p90 and p99 are numpy's mean and np.percentile with its default linear
   interpolation; an empty list counts as [0], as vLLM's `np.mean(x or 0)` does.
 
@@ -107,6 +110,13 @@ def tpot(record):
     return (latency(record) - ttft(record)) / (output_len - 1)
 
 
+def output_rate(record):
+    """A request's own output throughput: its output tokens over its E2E latency (0 for a
+    request answered in no measurable time)."""
+    seconds = latency(record)
+    return int(record["completion_tokens"]) / seconds if seconds > 0 else 0.0
+
+
 def weights_of(weights):
     """{output, input} as floats. The weights have no default: they are the competition's, which
     the gates role passes (gates_competition in its defaults)."""
@@ -125,14 +135,15 @@ def compute(records, duration_s, weights):
     ok = [record for record in measured if succeeded(record)]
     input_tokens = sum(int(record["prompt_tokens"]) for record in ok)
     output_tokens = sum(int(record["completion_tokens"]) for record in ok)
-    ttfts, tpots, gaps, e2els = [], [], [], []
-    for record in ok:
+    ttfts, tpots, gaps, e2els, request_output_tps = [], [], [], [], []
+    for record in sorted(ok, key=lambda record: record["start"]):
         ttfts.append(ttft(record))
         e2els.append(latency(record))
         gaps.extend(itls(record))
         per_token = tpot(record)
         if per_token is not None:
             tpots.append(per_token)
+        request_output_tps.append(output_rate(record))
 
     def rate(amount):
         return amount / duration_s if duration_s > 0 else 0.0
@@ -154,6 +165,14 @@ def compute(records, duration_s, weights):
         "e2e_ms": summary_ms(e2els),
         "weights": chosen,
         "score": score(output_tps, input_tps, chosen),
+        # Each request's own figures, for comparing two runs' distributions, not only their
+        # summaries (the canary analysis).
+        "samples": {
+            "output_tps": request_output_tps,
+            "ttft_ms": [1000.0 * value for value in ttfts],
+            "tpot_ms": [1000.0 * value for value in tpots],
+            "e2e_ms": [1000.0 * value for value in e2els],
+        },
     }
 
 
@@ -161,6 +180,8 @@ def rounded(figures, digits=3):
     """The figures with every float rounded, for reports (the arithmetic uses full precision)."""
     if isinstance(figures, dict):
         return dict((key, rounded(value, digits)) for key, value in figures.items())
+    if isinstance(figures, list):
+        return [rounded(value, digits) for value in figures]
     if isinstance(figures, float):
         return round(figures, digits)
     return figures

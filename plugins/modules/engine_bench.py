@@ -356,6 +356,16 @@ e2e_ms:
   description: Whole request latency, as RV(ttft_ms).
   returned: always
   type: dict
+samples:
+  description:
+    - Each successful measured request's own figures, in the order the requests started, so that
+      two runs can be compared by their distributions (the canary analysis), not only by their
+      summaries.
+    - C(output_tps) is a request's output tokens over its E2E latency; C(ttft_ms), C(tpot_ms)
+      (requests of more than one output token) and C(e2e_ms) are as above.
+  returned: always
+  type: dict
+  sample: {output_tps: [512.4, 498.0], ttft_ms: [30.2, 31.5], tpot_ms: [1.9, 2.0], e2e_ms: [499.6, 514.1]}
 weights:
   description: The weights of the score.
   returned: always

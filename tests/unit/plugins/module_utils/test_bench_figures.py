@@ -87,6 +87,18 @@ def test_e2e_runs_to_the_last_event_before_done(figures):
     assert figures["e2e_ms"] == pytest.approx({"mean": 350.0, "p50": 450.0, "p90": 490.0, "p99": 499.0})
 
 
+def test_samples_keep_each_successful_measured_requests_own_figures_in_start_order(figures):
+    samples = figures["samples"]
+    assert samples["ttft_ms"] == pytest.approx([200.0, 300.0, 100.0])
+    assert samples["tpot_ms"] == pytest.approx([250.0 / 3, 200.0])  # the one-token answer has none
+    assert samples["e2e_ms"] == pytest.approx([450.0, 500.0, 100.0])
+    # Output tokens over the request's own E2E latency: 4 / 0.45, 2 / 0.5, 1 / 0.1.
+    assert samples["output_tps"] == pytest.approx([4 / 0.45, 4.0, 10.0])
+    later_first = compute(list(reversed(RUN)), 1.0, WEIGHTS)["samples"]
+    assert later_first == samples
+    assert rounded(figures)["samples"]["output_tps"] == [8.889, 4.0, 10.0]
+
+
 def test_no_successful_request_gives_zeros_as_vllm_does():
     empty = compute([record(1.0, [], None, None, None, error="refused")], 2.0, WEIGHTS)
     assert empty["requests"] == {"ok": 0, "failed": 1}
