@@ -128,40 +128,32 @@ class Rates:
         return f"Rates(prefill_tps={self.prefill_tps:g}, decode_tps={self.decode_tps:g}{noise})"
 
 
-def _rate(environ, name, default):
+def _setting(environ, name, default, read, fits, meaning):
+    """The variable `name` read by `read` (float or int), `default` when unset or empty; a value
+    that does not read, or does not fit, stops the start naming the variable and what it must be."""
     raw = environ.get(name)
     if raw is None or raw == "":
         return default
     try:
-        value = float(raw)
+        value = read(raw)
     except ValueError:
-        value = float("nan")
-    if not (value > 0 and math.isfinite(value)):
-        raise RateError(f"{name}={raw} is not a positive number of tokens per second")
+        value = None
+    if value is None or not fits(value):
+        raise RateError(f"{name}={raw} is not {meaning}")
     return value
+
+
+def _rate(environ, name, default):
+    return _setting(environ, name, default, float, lambda value: value > 0 and math.isfinite(value),
+                    "a positive number of tokens per second")
 
 
 def _jitter(environ):
-    raw = environ.get(JITTER_VARIABLE)
-    if raw is None or raw == "":
-        return 0.0
-    try:
-        value = float(raw)
-    except ValueError:
-        value = float("nan")
-    if not 0 <= value < 1:
-        raise RateError(f"{JITTER_VARIABLE}={raw} is not a fraction in [0, 1)")
-    return value
+    return _setting(environ, JITTER_VARIABLE, 0.0, float, lambda value: 0 <= value < 1, "a fraction in [0, 1)")
 
 
 def _seed(environ):
-    raw = environ.get(SEED_VARIABLE)
-    if raw is None or raw == "":
-        return 0
-    try:
-        return int(raw)
-    except ValueError:
-        raise RateError(f"{SEED_VARIABLE}={raw} is not an integer") from None
+    return _setting(environ, SEED_VARIABLE, 0, int, lambda value: True, "an integer")
 
 
 def sequences_of(n, max_num_seqs):
