@@ -8,15 +8,26 @@ from __future__ import annotations
 
 def verify_problems(checks: dict) -> list[str]:
     """Sentences from verify.yml's registered checks (guard, release, and each engine instance's
-    engine and probes under `instances`: {name: {engine, probes}}); empty when the host is as
-    deployed and its engines pass the probes. On a host of several instances each instance's
-    sentences start with its name."""
+    engine and probes under `instances`: {name: {engine, probes}}; `engines`, the collection's
+    running engines as gpu_facts lists them); empty when the host is as deployed and its engines
+    pass the probes. On a host of several instances each instance's sentences start with its
+    name."""
     found = [*_guard(checks.get("guard") or {}), *_release(checks.get("release") or {})]
     instances = checks.get("instances") or {}
     for name, instance in instances.items():
         prefix = f"{name}: " if len(instances) > 1 else ""
         found.extend(prefix + sentence for sentence in _instance(instance or {}))
+    found.extend(_outside_the_layout(checks.get("engines") or [], list(instances)))
     return found
+
+
+def _outside_the_layout(engines: list, layout: list) -> list[str]:
+    """The collection's engines that run although the host's layout names none of that name:
+    left by a layout a deploy has not yet replaced, they hold GPUs and a port."""
+    return [f"engine {engine['name']} runs outside the host's layout ({', '.join(layout)}): pid "
+            f"{engine.get('pid')}, {engine.get('manager')}, port(s) "
+            f"{', '.join(str(port) for port in engine.get('ports') or []) or 'none'}; a deploy retires it"
+            for engine in engines if engine.get("name") not in layout]
 
 
 def _instance(checks: dict) -> list[str]:

@@ -61,3 +61,12 @@ def test_each_engine_instance_of_a_host_is_judged_and_named():
         "vllm-2: engine: not running",
         "vllm-2: probes did not run: connection refused",
     ]
+
+
+def test_an_engine_of_the_collections_outside_the_layout_is_a_finding():
+    running = [{"name": "vllm", "pid": 4242, "manager": "pidfile", "ports": [8000], "gpus": [0, 1, 2, 3]},
+               {"name": "old", "pid": 4343, "manager": "systemd", "ports": [], "gpus": [4, 5, 6, 7]}]
+    checks = dict(HEALTHY, engines=running)
+    assert verify_problems(checks) == [
+        "engine old runs outside the host's layout (vllm): pid 4343, systemd, port(s) none; a deploy retires it"]
+    assert verify_problems(dict(HEALTHY, engines=running[:1])) == []
