@@ -22,6 +22,7 @@ import socket
 from ansible.module_utils.parsing.convert_bool import boolean
 from ansible.plugins.action import ActionBase
 from ansible.utils.display import Display
+from ansible_collections.biv100.serving.plugins.module_utils._engine_process import process_stat
 
 display = Display()
 
@@ -111,18 +112,9 @@ def live_holder_pid(holder, controller, argv_of):
 
 
 def process_status(pid):
-    """(parent pid, kernel flags) of pid from /proc/<pid>/stat, or None when it cannot be read.
-
-    The command name in parentheses may hold spaces and parentheses itself, so the fields are
-    counted from the last closing parenthesis.
-    """
-    try:
-        with open("/proc/%d/stat" % pid, "rb") as stream:
-            raw = stream.read()
-    except OSError:
-        return None
-    fields = raw[raw.rindex(b")") + 2 :].split()
-    return int(fields[1]), int(fields[6])
+    """(parent pid, kernel flags) of pid, or None when it cannot be read."""
+    stat = process_stat(pid)
+    return (stat["ppid"], stat["flags"]) if stat else None
 
 
 def leftover_workers(argv_of=process_argv, status_of=process_status):

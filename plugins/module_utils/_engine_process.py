@@ -30,10 +30,10 @@ LOG_TAIL_BYTES = 64 * 1024
 ENDED_STATES = ("Z", "X")
 
 
-def _read_proc(pid, name):
-    """The bytes of /proc/<pid>/<name>, or None when there is no such process (any more)."""
+def _read_proc(pid, name, proc="/proc"):
+    """The bytes of <proc>/<pid>/<name>, or None when there is no such process (any more)."""
     try:
-        with open("/proc/%d/%s" % (pid, name), "rb") as stream:
+        with open(os.path.join(proc, str(pid), name), "rb") as stream:
             return stream.read()
     except OSError as error:
         if error.errno in (errno.ENOENT, errno.ESRCH):
@@ -41,19 +41,22 @@ def _read_proc(pid, name):
         raise
 
 
-def process_stat(pid):
-    """State, process group and start time (clock ticks after boot) of pid, or None.
+def process_stat(pid, proc="/proc"):
+    """State, parent, process group, kernel flags and start time (clock ticks after boot) of
+    pid, or None (proc: where /proc is, for tests).
 
     The command name in parentheses may hold spaces and parentheses itself, so the fields
     are counted from the last closing parenthesis.
     """
-    raw = _read_proc(pid, "stat")
-    if raw is None:
+    raw = _read_proc(pid, "stat", proc)
+    if not raw:
         return None
     fields = raw[raw.rindex(b")") + 2 :].split()
     return {
         "state": fields[0].decode("ascii"),
+        "ppid": int(fields[1]),
         "pgrp": int(fields[2]),
+        "flags": int(fields[6]),
         "start_ticks": int(fields[19]),
     }
 

@@ -19,16 +19,17 @@ from __future__ import annotations
 import errno
 import os
 
-from ansible_collections.biv100.serving.plugins.module_utils._engine_process import started_at
+from ansible_collections.biv100.serving.plugins.module_utils._engine_process import (
+    ENDED_STATES,
+    process_stat,
+    started_at,
+)
 
 # The variable the playbooks set to the run's id for every module of a lock-taking play.
 RUN_MARKER = "BIV100_SERVING_RUN"
 
 # How much of a process's command line a message shows.
 COMMAND_CHARS = 80
-
-# /proc/<pid>/stat states of a process that has ended: zombie, dead.
-ENDED_STATES = ("Z", "X")
 
 
 def _read(proc, pid, name):
@@ -40,19 +41,6 @@ def _read(proc, pid, name):
         if error.errno in (errno.ENOENT, errno.ESRCH, errno.EACCES, errno.EPERM):
             return None
         raise
-
-
-def _stat(proc, pid):
-    """(state, parent pid, start time in clock ticks after boot) of pid, or None when it is gone.
-
-    The command name in parentheses may hold spaces and parentheses itself, so the fields are
-    counted from the last closing parenthesis.
-    """
-    raw = _read(proc, pid, "stat")
-    if not raw:
-        return None
-    fields = raw[raw.rindex(b")") + 2 :].split()
-    return fields[0].decode("ascii"), int(fields[1]), int(fields[19])
 
 
 def marker(proc, pid):
@@ -71,8 +59,8 @@ def self_and_ancestors(proc):
     pid = os.getpid()
     while pid > 0 and pid not in chain:
         chain.append(pid)
-        stat = _stat(proc, pid)
-        pid = stat[1] if stat else 0
+        stat = process_stat(pid, proc)
+        pid = stat["ppid"] if stat else 0
     return set(chain)
 
 
@@ -120,13 +108,12 @@ def run_processes(run_id, state_dir, proc="/proc"):
             continue
         if marker(proc, pid) != run_id or not sees_folder(proc, pid, state_dir, identity):
             continue
-        stat, argv = _stat(proc, pid), _read(proc, pid, "cmdline")
-        if stat is None or stat[0] in ENDED_STATES:
+        stat, argv = process_stat(pid, proc), _read(proc, pid, "cmdline")
+        if stat is None or stat["state"] in ENDED_STATES:
             continue  # it ended while it was looked at
         words = [word.decode("utf-8", "surrogateescape") for word in (argv or b"").split(b"\0")]
-        found.append(
-            {"pid": pid, "command": short_command(filter(None, words)), "started_at": started_at(stat[2])}
-        )
+        command = short_command(filter(None, words))
+        found.append({"pid": pid, "command": command, "started_at": started_at(stat["start_ticks"])})
     return found
 
 
