@@ -75,6 +75,7 @@ from ansible.template import Templar
 
 from ansible_collections.biv100.serving.plugins.module_utils._state_store import utc_timestamp
 from ansible_collections.biv100.serving.plugins.plugin_utils._atomic_file import write_atomic
+from ansible_collections.biv100.serving.plugins.plugin_utils._canary_analysis import canary_record
 from ansible_collections.biv100.serving.plugins.plugin_utils._ledger_location import (
     LEDGER_FILE,
     LEDGER_VARIABLE,
@@ -142,14 +143,21 @@ class CallbackModule(CallbackBase):
                 entry["failure_log_tail"] = answer["log_tail"]
         # The engine instance the next results are about, on a host that runs several: the one
         # engine_process ran or checked, or the one the deploy's instance loop entered.
-        focus = (answer.get("ansible_facts") or {}).get("serving_phase_instance")
+        facts = answer.get("ansible_facts") or {}
+        focus = facts.get("serving_phase_instance")
         if not action.startswith(COLLECTION):
             if focus:
                 entry["_focus"] = focus
+            if facts.get("serving_phase"):
+                entry["_phase"] = facts["serving_phase"]
             return
         name = action[len(COLLECTION):]
         if name == "engine_process" and answer.get("name"):
             entry["_focus"] = answer["name"]
+        if entry.get("_phase") == CANARY_PHASE and name in MEASURING:
+            # The canary analysis' own measurements, its baseline's among them: the gates' figures
+            # stay those the release was proven with, and the analysis has its own line.
+            return
         record = RECORDERS.get(name)
         if record:
             target = entry
@@ -164,7 +172,7 @@ class CallbackModule(CallbackBase):
         # Only hosts a module of the collection ran on: a facts-only run leaves no line.
         seen = {}
         for host, entry in self._hosts.items():
-            if set(entry) - {"failure", "unreachable", "_focus"}:
+            if set(entry) - {"failure", "unreachable", "_focus", "_phase"}:
                 seen.update(per_instance_lines(host, entry))
         if not seen:
             return
@@ -268,6 +276,8 @@ def _rolled_back(entry, answer, failed):
     entry["rollback"] = {"from": answer.get("from_release"), "to": answer.get("release") or "base",
                          "files": answer.get("changed_files", [])}
     entry.update(release=answer.get("release") or "base", state="rolled back")
+    # What the rollback measures next is the host's own again.
+    entry["_phase"] = "rollback"
 
 
 # The gates' figures, as the engine_bench and engine_quality actions return them at the top of
@@ -288,6 +298,15 @@ def _scored(entry, answer, failed):
         entry["quality"] = {key: answer[key] for key in QUALITY_KEYS if key in answer}
 
 
+def _judged(entry, answer, failed):
+    record = canary_record(answer)
+    if record:
+        entry["canary"] = record
+
+
+# The deploy's phase in which a host's measurements are the canary analysis', not its gates'.
+CANARY_PHASE = "canary"
+MEASURING = ("engine_probe", "engine_bench", "engine_quality")
 # What each engine instance of a host has of its own; the rest (release, files, guard, rollback)
 # is the host's.
 PER_INSTANCE = ("engine_process", "engine_probe", "engine_bench", "engine_quality")
@@ -316,6 +335,7 @@ RECORDERS = {
     "serving_rollback": _rolled_back,
     "engine_bench": _benched,
     "engine_quality": _scored,
+    "canary_analysis": _judged,
 }
 
 
@@ -332,6 +352,8 @@ def outcome_line(entry: dict | None) -> str:
     if entry.get("probes"):
         parts.append(one_line(entry["probes"]))
     parts.extend(gate_parts(entry))
+    if entry.get("canary"):
+        parts.append(canary_part(entry["canary"]))
     if entry.get("failure"):
         parts.append(f"failed at {one_line(entry['failure'])}")
     if entry.get("unreachable"):
@@ -355,6 +377,16 @@ def gate_parts(entry: dict) -> list[str]:
                   if isinstance(deviation, (int, float)) and quality.get("baseline") else "")
         parts.append(f"quality {quality['score']:.3f}{versus}" + (" [simulated]" if quality.get("simulated") else ""))
     return parts
+
+
+def canary_part(canary: dict) -> str:
+    """`canary pass, score 100 vs gpu2 (same window, sub510), 3 trials`, marked when simulated."""
+    baseline = canary.get("baseline") or {}
+    score = "no score" if canary.get("score") is None else f"score {canary['score']:.0f}"
+    accepted = " (accepted)" if canary.get("accepted") else ""
+    return (f"canary {canary.get('verdict')}{accepted}, {score} vs {baseline.get('host') or 'own record'} "
+            f"({baseline.get('kind')}, {baseline.get('release') or 'vendor files'}), {canary.get('trials')} trials"
+            + (" [simulated]" if canary.get("simulated") else ""))
 
 
 def failure_message(answer: dict) -> str:

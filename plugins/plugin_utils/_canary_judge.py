@@ -16,7 +16,11 @@ Per metric, from the two samples (per-request figures, or one figure per trial):
   values are better, `High` when it lies above +margin for one whose lower values are better,
   `NoData` when a side has no sample, else `Pass`. A change in the harmless direction is a
   Pass. A Pass whose interval reaches past the margin on the harmful side is not conclusive:
-  more samples would tell.
+  more samples would tell. Samples too few for the confidence asked give the range of every
+  difference, at the confidence the exact test reaches with them (90 % for three against three);
+  below 50 % (one against one, one against three) an interval decides nothing, and the metric is
+  a Pass that is not conclusive. A metric marked exact (a figure that does not vary between
+  measurements, such as a quality score on a fixed set) is compared as it is.
 
 The score is Kayenta's weighted sum: each group's share of Pass among its metrics with data,
 weighted by the group's weight, out of 100; a critical metric classified High or Low makes it
@@ -27,19 +31,17 @@ conclusive, a critical metric has no data, or no metric has any.
 
 from __future__ import annotations
 
+import importlib
 import math
 from dataclasses import dataclass
 
-try:
-    import numpy
-    from scipy import stats
-except ImportError as error:  # a controller without requirements.txt's scipy: said when judging
-    numpy = stats = None
-    SCIPY_IMPORT_ERROR = error
-else:
-    SCIPY_IMPORT_ERROR = None
+# numpy and scipy.stats, imported when a judgement needs them: the ledger callback and the filters
+# that share this module's package load on every run, and scipy.stats takes a second to import.
+numpy = stats = None
 
 CLASSES = ("Pass", "High", "Low", "NoData")
+# Below this confidence an interval decides nothing: one sample a side, or one against three.
+LEAST_CONFIDENCE = 0.5
 VERDICTS = ("pass", "marginal", "fail", "inconclusive")
 
 
@@ -52,6 +54,9 @@ class Metric:
     margin: float  # the harm allowed, as a fraction of the baseline's median (0.02 = 2 %)
     group: str
     critical: bool = False
+    # A figure that does not vary between measurements of one engine (a quality score on a fixed
+    # set, the share of probes that passed): compared as it is, one value a side enough.
+    exact: bool = False
 
     def __post_init__(self):
         if self.better not in ("higher", "lower"):
@@ -60,9 +65,21 @@ class Metric:
             raise ValueError(f"metric {self.name}: margin must be a fraction in [0, 1), not {self.margin!r}")
 
 
+def require_scipy() -> None:
+    """Import numpy and scipy.stats once; a controller without them (requirements.txt) is told so."""
+    global numpy, stats  # pylint: disable=global-statement
+    if stats is not None:
+        return
+    try:
+        numpy, stats = importlib.import_module("numpy"), importlib.import_module("scipy.stats")
+    except ImportError as error:
+        raise RuntimeError(f"the canary analysis needs scipy on the controller (requirements.txt): {error}") from None
+
+
 def shift_interval(canary, baseline, confidence: float) -> tuple[float, float, float]:
     """(estimate, low, high) of the shift canary - baseline, Hodges-Lehmann with its
     distribution-free interval at `confidence`."""
+    require_scipy()
     differences = numpy.sort(numpy.subtract.outer(canary, baseline).ravel())
     n, m, count = len(canary), len(baseline), differences.size
     pooled = numpy.concatenate([canary, baseline])
@@ -87,6 +104,7 @@ def relative(value: float, reference: float) -> float:
 
 def compare(metric: Metric, canary, baseline, confidence: float = 0.98) -> dict:
     """One metric's comparison: test, shift, interval, classification."""
+    require_scipy()
     canary = numpy.asarray([value for value in canary if value is not None], dtype=float)
     baseline = numpy.asarray([value for value in baseline if value is not None], dtype=float)
     result = {
@@ -107,6 +125,10 @@ def compare(metric: Metric, canary, baseline, confidence: float = 0.98) -> dict:
         test = stats.mannwhitneyu(canary, baseline, alternative="two-sided")
         u_statistic, p_value = float(test.statistic), float(test.pvalue)
     estimate, low, high = shift_interval(canary, baseline, confidence)
+    # Too few samples for the confidence asked give every difference's range, whose confidence
+    # is that of the exact test's most extreme arrangement (2 of C(n + m, n)).
+    reached = confidence if metric.exact else min(
+        confidence, 1.0 - 2.0 / math.comb(canary.size + baseline.size, canary.size))
     reference = float(numpy.median(baseline))
     shift = {name: relative(value, reference) for name, value in (("estimate", estimate), ("low", low), ("high", high))}
     harm_limit = -100.0 * metric.margin if metric.better == "higher" else 100.0 * metric.margin
@@ -116,6 +138,9 @@ def compare(metric: Metric, canary, baseline, confidence: float = 0.98) -> dict:
     else:
         classification = "High" if shift["low"] > harm_limit else "Pass"
         conclusive = classification == "High" or shift["high"] <= harm_limit
+    if reached < LEAST_CONFIDENCE:
+        # An interval no surer than a coin says nothing either way.
+        classification, conclusive = "Pass", False
     return dict(
         result,
         u=u_statistic,
@@ -124,7 +149,8 @@ def compare(metric: Metric, canary, baseline, confidence: float = 0.98) -> dict:
         interval=[low, high],
         shift_pct=shift["estimate"],
         interval_pct=[shift["low"], shift["high"]],
-        confidence=confidence,
+        confidence=reached,
+        asked_confidence=confidence,
         classification=classification,
         conclusive=conclusive,
     )
@@ -142,8 +168,7 @@ def summary(sample) -> dict:
 def judge(metrics, canary: dict, baseline: dict, *, weights: dict, pass_score: float = 75,
           marginal_score: float = 50, confidence: float = 0.98) -> dict:
     """The analysis of canary against baseline ({metric name: samples} each)."""
-    if SCIPY_IMPORT_ERROR is not None:
-        raise RuntimeError(f"the canary analysis needs scipy on the controller (requirements.txt): {SCIPY_IMPORT_ERROR}")
+    require_scipy()
     if not 0 <= marginal_score <= pass_score <= 100:
         raise ValueError(f"thresholds: need 0 <= marginal ({marginal_score}) <= pass ({pass_score}) <= 100")
     unknown = sorted({metric.group for metric in metrics} - set(weights))
@@ -192,12 +217,21 @@ def reason(result: dict) -> str:
         bound = f"< -{result['margin_pct']:g} %"
     else:
         bound = f"> +{result['margin_pct']:g} %"
-    return f"{result['name']} {result['shift_pct']:+.1f} % [{low:+.1f}, {high:+.1f}] {bound}"
+    return f"{result['name']} {result['shift_pct']:+.1f} % [{low:+.1f}, {high:+.1f}]{reached(result)} {bound}"
+
+
+def reached(result: dict) -> str:
+    """` (90 % interval)` when the samples were too few for the confidence asked, else nothing."""
+    asked = result.get("asked_confidence", result["confidence"])
+    return f" ({100 * result['confidence']:.0f} % interval)" if result["confidence"] < asked else ""
 
 
 def unsure(result: dict) -> str:
     """Why a Pass is not conclusive: its interval reaches past the margin."""
     low, high = result["interval_pct"]
     side = f"-{result['margin_pct']:g}" if result["better"] == "higher" else f"+{result['margin_pct']:g}"
-    return (f"{result['name']} {result['shift_pct']:+.1f} % [{low:+.1f}, {high:+.1f}] reaches past {side} %: "
-            f"too few samples for the noise ({result['canary']['count']} canary, {result['baseline']['count']} baseline)")
+    counts = f"({result['canary']['count']} canary, {result['baseline']['count']} baseline)"
+    shown = f"{result['name']} {result['shift_pct']:+.1f} % [{low:+.1f}, {high:+.1f}]{reached(result)}"
+    if result["confidence"] < LEAST_CONFIDENCE:
+        return f"{shown}: too few samples to tell {counts}"
+    return f"{shown} reaches past {side} %: too few samples for the noise {counts}"

@@ -111,7 +111,8 @@ def test_a_critical_metric_that_regresses_makes_the_score_zero():
                      {"output_tps": noisy(100, 0.01, 60, 13), "weighted_score": [8400.0] * 3}, weights=WEIGHTS)
 
     assert analysis["score"] == 0 and analysis["verdict"] == "fail"
-    assert analysis["reasons"] == ["weighted_score -6.0 % [-6.0, -6.0] < -2 %"]
+    # Three trials a side cannot give 98 %: the range of every difference is the exact test's 90 %.
+    assert analysis["reasons"] == ["weighted_score -6.0 % [-6.0, -6.0] (90 % interval) < -2 %"]
 
 
 def test_a_slowdown_within_the_margin_passes():
@@ -172,3 +173,17 @@ def test_a_zero_baseline_makes_any_change_infinite():
     result = compare(Metric("errors", "lower", 0.0, "errors"), [1.0, 1.0], [0.0, 0.0])
 
     assert result["classification"] == "High" and math.isinf(result["shift_pct"])
+
+
+def test_samples_too_few_for_any_confidence_decide_nothing_unless_the_figure_is_exact():
+    one_each = compare(SCORE, [7000.0], [8400.0])
+    assert one_each["confidence"] == 0 and (one_each["classification"], one_each["conclusive"]) == ("Pass", False)
+    three_against_one = compare(SCORE, [7000.0, 7100.0, 6900.0], [8400.0])
+    assert three_against_one["confidence"] == pytest.approx(0.5) and three_against_one["classification"] == "Low"
+    quality = Metric("quality", "higher", 0.04, "quality", critical=True, exact=True)
+    exact = compare(quality, [0.90], [1.0])
+    assert exact["confidence"] == 0.98 and (exact["classification"], exact["conclusive"]) == ("Low", True)
+    analysis = judge([SCORE], {"weighted_score": [7000.0]}, {"weighted_score": [8400.0]}, weights=WEIGHTS)
+    assert analysis["verdict"] == "inconclusive"
+    assert analysis["reasons"] == ["weighted_score -16.7 % [-16.7, -16.7] (0 % interval): too few samples to tell "
+                                   "(1 canary, 1 baseline)"]

@@ -1,0 +1,135 @@
+# Copyright: biv100.serving maintainers
+# GNU General Public License v3.0+ (see LICENSES/GPL-3.0-or-later.txt or https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+"""biv100.serving.canary_analysis: judge a canary's measurements against its baseline's, on the
+controller (plugin_utils/_canary_analysis.py, _canary_judge.py).
+
+The sides come as the playbook gathered them, bench results, quality scores and probe verdicts
+per engine instance and trial; a historical baseline comes as the gates' figures its release
+recorded. The verdict is data: the task fails only on bad input, and the playbook decides what
+a verdict does to the rollout (promote says whether it may go on). The analysis is shown as one
+line, and written with every sample to build/canary/<release>/<host>.json at the project root.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+from ansible import constants as C
+from ansible.errors import AnsibleActionFail
+from ansible.plugins.action import ActionBase
+from ansible.utils.display import Display
+
+from ansible_collections.biv100.serving.plugins.module_utils._state_store import utc_timestamp
+from ansible_collections.biv100.serving.plugins.plugin_utils._atomic_file import write_atomic
+from ansible_collections.biv100.serving.plugins.plugin_utils._canary_analysis import (
+    HISTORICAL,
+    METRIC_KEYS,
+    SAME_WINDOW,
+    analyse,
+    historical_samples,
+    side_samples,
+    verdict_line,
+)
+from ansible_collections.biv100.serving.plugins.plugin_utils._engine_instances import recorded_instance
+from ansible_collections.biv100.serving.plugins.plugin_utils._project_folder import project_root
+
+display = Display()
+
+SIDE = {
+    "host": {"type": "str"},
+    "release": {"type": "str"},
+    "benches": {"type": "list", "elements": "dict", "default": []},
+    "qualities": {"type": "list", "elements": "raw", "default": []},
+    "probes": {"type": "list", "elements": "list", "default": []},
+}
+ARGUMENT_SPEC = {
+    "canary": {"type": "dict", "required": True, "options": SIDE},
+    "baseline": {"type": "dict", "required": True, "options": dict(
+        SIDE,
+        kind={"type": "str", "choices": [SAME_WINDOW, HISTORICAL], "default": SAME_WINDOW},
+        gates={"type": "dict"},
+        instances={"type": "list", "elements": "str", "default": []},
+    )},
+    "trials": {"type": "int", "required": True},
+    "margin": {"type": "float", "default": 0.02},
+    "request_margin": {"type": "float", "default": 0.10},
+    "quality_margin": {"type": "float", "default": 0.04},
+    "pass_score": {"type": "float", "default": 75},
+    "marginal_score": {"type": "float", "default": 50},
+    "confidence": {"type": "float", "default": 0.98},
+    "accept": {"type": "list", "elements": "str", "default": []},
+    "results_dir": {"type": "path"},
+}
+
+
+class ActionModule(ActionBase):
+    TRANSFERS_FILES = False
+    # The samples came with the task: no host is contacted.
+    _requires_connection = False
+    _supports_check_mode = True
+
+    def run(self, tmp=None, task_vars=None):
+        _valid, args = self.validate_argument_spec(argument_spec=ARGUMENT_SPEC)
+        result = super().run(tmp, task_vars)
+        canary, baseline = args["canary"], args["baseline"]
+        if not canary["host"] or not canary["release"]:
+            raise AnsibleActionFail("canary: host and release are required")
+        if "/" in canary["release"] or canary["release"].startswith("."):
+            # It names a folder of the results: a path in it would write elsewhere.
+            raise AnsibleActionFail(f"canary.release must be a plain name such as sub510, got {canary['release']!r}")
+        if baseline["kind"] == HISTORICAL:
+            if not baseline["gates"] or not baseline["instances"]:
+                raise AnsibleActionFail("baseline: a historical baseline needs the gates its release recorded "
+                                        "and the instances to read from them")
+            baseline_samples = historical_samples(baseline["gates"], baseline["instances"])
+        else:
+            if not baseline["host"]:
+                raise AnsibleActionFail("baseline: a same-window baseline needs its host")
+            baseline_samples = side_samples(baseline["benches"], baseline["qualities"], baseline["probes"])
+        canary_samples = side_samples(canary["benches"], canary["qualities"], canary["probes"])
+        try:
+            analysis = analyse(canary_samples, baseline_samples, margin=args["margin"],
+                               request_margin=args["request_margin"], quality_margin=args["quality_margin"],
+                               pass_score=args["pass_score"], marginal_score=args["marginal_score"],
+                               confidence=args["confidence"], accept=args["accept"])
+        except (ValueError, RuntimeError) as error:
+            raise AnsibleActionFail(str(error)) from None
+
+        against = {"host": baseline["host"] if baseline["kind"] == SAME_WINDOW else None,
+                   "kind": baseline["kind"], "release": baseline["release"]}
+        recorded = [recorded_instance(baseline["gates"], name).get("bench") for name in baseline["instances"]]
+        simulated = any(bench.get("simulated") for bench in (*canary["benches"], *baseline["benches"], *recorded)
+                        if bench)
+        line = verdict_line(analysis, canary["host"], against, args["trials"]) + (" [simulated]" if simulated else "")
+        display.display(line)
+        result.update(
+            changed=False,
+            verdict=analysis["verdict"],
+            score=analysis["score"],
+            promote=analysis["promote"],
+            accepted=analysis["accepted"],
+            reasons=analysis["reasons"],
+            thresholds=analysis["thresholds"],
+            metrics=[{key: metric.get(key) for key in METRIC_KEYS} for metric in analysis["metrics"]],
+            canary={"host": canary["host"], "release": canary["release"]},
+            baseline=against,
+            trials=args["trials"],
+            simulated=simulated,
+            msg=line,
+            results_file=None,
+        )
+        if not self._task.check_mode:
+            folder = project_root(C.CONFIG_FILE) / (args["results_dir"] or os.path.join("build", "canary"))
+            path = folder / canary["release"] / f"{canary['host']}.json"
+            document = {key: result[key] for key in ("verdict", "score", "promote", "accepted", "reasons", "thresholds",
+                                                     "canary", "baseline", "trials", "simulated")}
+            document.update(metrics=analysis["metrics"], written=utc_timestamp(),
+                            samples={"canary": canary_samples, "baseline": baseline_samples})
+            try:
+                write_atomic(str(path), json.dumps(document, indent=1, sort_keys=True) + "\n")
+            except OSError as error:
+                raise AnsibleActionFail(f"the analysis could not be written to {path}: {error}") from None
+            result["results_file"] = str(path)
+        return result

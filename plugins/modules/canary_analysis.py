@@ -1,0 +1,256 @@
+#!/usr/bin/python
+# -*- coding: utf-8 -*-
+# Copyright: biv100.serving maintainers
+# GNU General Public License v3.0+ (see LICENSES/GPL-3.0-or-later.txt or https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+
+# The documentation of the action plugin of the same name, which does all the work on the
+# controller; as for ansible.builtin.debug, there is no module code.
+
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+---
+module: canary_analysis
+short_description: Judge a canary's measurements against a baseline's, metric by metric, as Kayenta does
+version_added: 0.2.0
+description:
+  - Compares the canary's samples with its baseline's on the controller and returns a verdict
+    that steers a rollout - C(pass), C(marginal), C(fail) or C(inconclusive) - with a score out
+    of 100.
+  - The metrics - per bench run the weighted token C(score) and C(output_tps); per measured
+    request C(request_output_tps) (output tokens over E2E), C(ttft_ms), C(tpot_ms) and
+    C(e2e_ms); per engine instance the C(quality) set's score and the share of C(probes) that
+    passed. Throughput must not decrease and latencies must not increase by more than a margin
+    of the baseline's median.
+  - Per metric, a Mann-Whitney U test (C(scipy.stats.mannwhitneyu)) and the Hodges-Lehmann
+    shift with its distribution-free confidence interval; C(Low) when the whole interval lies
+    below -margin for a throughput or score, C(High) when it lies above +margin for a latency,
+    C(NoData) without samples on a side, else C(Pass), which is conclusive only when the interval
+    stays within the margin.
+  - The score is Kayenta's weighted sum over the groups throughput (50), latency (30), quality
+    (10) and functional (10). C(score), C(quality) and C(probes) are critical, a regression of
+    one makes the score 0. Below O(marginal_score) the verdict is C(fail), below O(pass_score)
+    C(marginal), else C(pass); C(inconclusive) instead of those two when an interval is too wide
+    for its margin or a critical metric has no data.
+  - The verdict is data; the task fails only on bad input. RV(promote) says whether the rollout
+    may go on - on a pass, or a verdict O(accept) names.
+  - Shows the analysis as one line, and writes it with every sample to
+    C(build/canary/<release>/<host>.json) at the project root.
+  - Needs C(scipy) on the controller (the project's C(requirements.txt)).
+options:
+  canary:
+    description: The canary's side.
+    type: dict
+    required: true
+    suboptions: &side
+      host:
+        description: The host; required for the canary and a same-window baseline.
+        type: str
+      release:
+        description: The release the side runs; required for the canary, whose results file it names.
+        type: str
+      benches:
+        description: The results of M(biv100.serving.engine_bench), one per trial and engine
+          instance, with their per-request C(samples).
+        type: list
+        elements: dict
+        default: []
+      qualities:
+        description: The quality set's score per engine instance.
+        type: list
+        elements: raw
+        default: []
+      probes:
+        description: The probes' verdicts per engine instance (M(biv100.serving.engine_probe)'s
+          RV(biv100.serving.engine_probe#module:probes)).
+        type: list
+        elements: list
+        default: []
+  baseline:
+    description:
+      - The baseline's side, with what the canary is measured against.
+    type: dict
+    required: true
+    suboptions:
+      host:
+        description: The baseline host, measured beside the canary.
+        type: str
+      release:
+        description: The release it runs.
+        type: str
+      benches:
+        description: As for O(canary.benches).
+        type: list
+        elements: dict
+        default: []
+      qualities:
+        description: As for O(canary.qualities).
+        type: list
+        elements: raw
+        default: []
+      probes:
+        description: As for O(canary.probes).
+        type: list
+        elements: list
+        default: []
+      kind:
+        description:
+          - C(same window) for a host measured beside the canary, C(historical) for the canary's
+            own figures recorded with O(baseline.release), the weaker kind.
+        type: str
+        choices: [same window, historical]
+        default: same window
+      gates:
+        description: For a historical baseline, the gates' figures its release recorded.
+        type: dict
+      instances:
+        description: For a historical baseline, the engine instances to read from O(baseline.gates).
+        type: list
+        elements: str
+        default: []
+  trials:
+    description: The bench runs each side made, for the line shown.
+    type: int
+    required: true
+  margin:
+    description: The harm allowed to a bench run's figures (C(score), C(output_tps)), a fraction of the
+      baseline's median.
+    type: float
+    default: 0.02
+  request_margin:
+    description: The harm allowed to a request's figures, which vary with the workload's own mix of
+      lengths.
+    type: float
+    default: 0.10
+  quality_margin:
+    description: The drop allowed to the quality score, as the quality gate's bound.
+    type: float
+    default: 0.04
+  pass_score:
+    description: The lowest score that passes.
+    type: float
+    default: 75
+  marginal_score:
+    description: The lowest score that is marginal rather than a fail.
+    type: float
+    default: 50
+  confidence:
+    description: The confidence of the shift's interval.
+    type: float
+    default: 0.98
+  accept:
+    description: Verdicts besides C(pass) that let the rollout go on - C(marginal), C(inconclusive).
+    type: list
+    elements: str
+    default: []
+  results_dir:
+    description: Where the analysis is written; a relative folder is the project's.
+    type: path
+extends_documentation_fragment:
+  - ansible.builtin.action_common_attributes
+  - ansible.builtin.action_common_attributes.conn
+  - ansible.builtin.action_common_attributes.flow
+attributes:
+  action:
+    support: full
+    details: The action of the same name does all the work on the controller.
+  async:
+    support: none
+  become:
+    support: none
+  bypass_host_loop:
+    support: none
+  check_mode:
+    support: full
+    details: Judges as usual and writes no file.
+  connection:
+    support: none
+  delegation:
+    support: none
+  diff_mode:
+    support: none
+  platform:
+    support: full
+    platforms: all
+    details: Runs on the controller whatever the host is.
+seealso:
+  - module: biv100.serving.engine_bench
+  - plugin: biv100.serving.canary_plan
+    plugin_type: filter
+author:
+  - biv100.serving maintainers (!UNKNOWN)
+"""
+
+EXAMPLES = r"""
+- name: Judge the canary against the baseline measured beside it
+  biv100.serving.canary_analysis:
+    canary: {host: gpu1, release: sub511, benches: "{{ canary_benches }}"}
+    baseline: {host: gpu2, release: sub510, benches: "{{ baseline_benches }}"}
+    trials: 3
+  register: analysis
+
+- name: Stop unless the rollout may go on
+  ansible.builtin.assert:
+    that: analysis.promote
+    fail_msg: "canary: {{ analysis.reasons | join('; ') }}"
+"""
+
+RETURN = r"""
+verdict:
+  description: C(pass), C(marginal), C(fail) or C(inconclusive).
+  returned: success
+  type: str
+  sample: fail
+score:
+  description: The score out of 100; null when no metric had data.
+  returned: success
+  type: float
+  sample: 0.0
+promote:
+  description: Whether the rollout may go on (a pass, or an accepted verdict).
+  returned: success
+  type: bool
+accepted:
+  description: Whether a verdict other than a pass was accepted (O(accept)).
+  returned: success
+  type: bool
+reasons:
+  description: What decided a verdict other than a pass, one line per metric.
+  returned: success
+  type: list
+  elements: str
+  sample: ["output_tps -6.8 % [-8.1, -5.2] < -2 %"]
+thresholds:
+  description: The pass and marginal scores.
+  returned: success
+  type: dict
+  sample: {pass: 75, marginal: 50}
+metrics:
+  description: Per metric its group, direction, margin, classification, shift and interval in percent of
+    the baseline's median, the test's p-value, and each side's sample size and quartiles.
+  returned: success
+  type: list
+  elements: dict
+canary:
+  description: The canary's host and release.
+  returned: success
+  type: dict
+baseline:
+  description: The baseline's host (null for a historical one), kind and release.
+  returned: success
+  type: dict
+  sample: {host: gpu2, kind: same window, release: sub510}
+trials:
+  description: The bench runs each side made.
+  returned: success
+  type: int
+simulated:
+  description: Whether a figure was measured on the lab's engine stand-in.
+  returned: success
+  type: bool
+results_file:
+  description: The analysis written on the controller, with every sample; null in check mode.
+  returned: success
+  type: str
+"""

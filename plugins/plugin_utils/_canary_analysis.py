@@ -1,0 +1,298 @@
+# Copyright: biv100.serving maintainers
+# GNU General Public License v3.0+ (see LICENSES/GPL-3.0-or-later.txt or https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+"""The canary analysis: which host the canary is measured against, what each side's samples are,
+and the verdict that steers the rollout. The statistics are the judge's (_canary_judge.py).
+
+The plan (canary_plan), decided before any host changes:
+
+- no analysis when it is switched off, when the throughput gate is not measured (there is
+  nothing to compare), when the rollout's first batch is more than the canary, when the fleet
+  is the canary alone (nothing waits on its verdict), or when the canary has nothing to change;
+- else the baseline is the first host after the canary, in rollout order, that runs the release
+  the canary runs now (good, or the vendor's files when it has none), with as many GPUs and the
+  same engine instances: measured in the same window, side by side with the canary (`same
+  window`). serving_canary_baseline names one, which must be such a host;
+- where no host is, the canary's own figures recorded with that release (`historical`): the
+  weaker kind, since the two were not measured under the same conditions.
+
+The samples of a side, by metric:
+
+- per bench run (a trial of one engine instance): `score` (the weighted token score) and
+  `output_tps` (output tokens/s), both as vLLM's serving benchmark counts them;
+- per measured request: `request_output_tps` (its output tokens over its E2E latency),
+  `ttft_ms`, `tpot_ms`, `e2e_ms`;
+- per instance, measured once: `quality` (the quality set's score) and `probes` (the share of
+  the functional probes that passed).
+
+The score and the probes are critical, as the competition's gates are, and so is the quality
+set, which the canary's must hold to the baseline's: a regression of any of them fails the
+canary whatever the rest says.
+"""
+
+from __future__ import annotations
+
+from ansible_collections.biv100.serving.plugins.plugin_utils._canary_judge import Metric, judge
+from ansible_collections.biv100.serving.plugins.plugin_utils._engine_instances import recorded_instance
+
+SAME_WINDOW = "same window"
+HISTORICAL = "historical"
+# Where each metric's samples come from: a bench run's figure, or the list of a bench run's samples.
+RUN_FIGURES = ("score", "output_tps")
+REQUEST_FIGURES = {"request_output_tps": "output_tps", "ttft_ms": "ttft_ms", "tpot_ms": "tpot_ms", "e2e_ms": "e2e_ms"}
+# Kayenta's groups and their weights, out of 100.
+WEIGHTS = {"throughput": 50, "latency": 30, "quality": 10, "functional": 10}
+VERDICTS_ACCEPTABLE = ("marginal", "inconclusive")
+# The analysis' settings, by the name of their variable (serving_canary_<name>): Kayenta's
+# thresholds; three bench runs a side, 72 requests with the lab's workload, beyond the 50 points
+# a metric wants; the score held within 2 %, a request's figures within 10 %.
+SETTINGS = {"trials": 3, "max_trials": 6, "margin": 0.02, "request_margin": 0.10,
+            "thresholds": {"pass": 75, "marginal": 50}, "accept": []}
+
+
+def metrics(margin: float, request_margin: float, quality_margin: float) -> list[Metric]:
+    """The metrics judged: a run's figures are held to `margin`; a request's vary with the
+    workload's own mix of prompt and answer lengths, and are held to the wider `request_margin`."""
+    return [
+        Metric("score", "higher", margin, "throughput", critical=True),
+        Metric("output_tps", "higher", margin, "throughput"),
+        Metric("request_output_tps", "higher", request_margin, "throughput"),
+        Metric("ttft_ms", "lower", request_margin, "latency"),
+        Metric("tpot_ms", "lower", request_margin, "latency"),
+        Metric("e2e_ms", "lower", request_margin, "latency"),
+        Metric("quality", "higher", quality_margin, "quality", critical=True, exact=True),
+        Metric("probes", "higher", 0.0, "functional", critical=True, exact=True),
+    ]
+
+
+def side_samples(benches=(), qualities=(), probes=()) -> dict:
+    """{metric: samples} of one side, from its bench results (engine_bench's, or the figures a
+    release recorded), its quality scores and its probe verdict lists."""
+    samples = {name: [] for name in (*RUN_FIGURES, *REQUEST_FIGURES, "quality", "probes")}
+    for bench in benches:
+        if not bench:
+            continue
+        for name in RUN_FIGURES:
+            if isinstance(bench.get(name), (int, float)):
+                samples[name].append(float(bench[name]))
+        per_request = bench.get("samples") or {}
+        for name, key in REQUEST_FIGURES.items():
+            samples[name].extend(float(value) for value in per_request.get(key) or () if value is not None)
+    samples["quality"] = [float(score) for score in qualities if isinstance(score, (int, float))]
+    for verdicts in probes:
+        if verdicts:
+            samples["probes"].append(sum(1 for verdict in verdicts if verdict.get("passed")) / len(verdicts))
+    return samples
+
+
+def historical_samples(gates: dict | None, instances) -> dict:
+    """A side made of what a release recorded for these instances: its gate bench, quality score
+    and, since a release is marked good only when every probe passed, probes that all passed."""
+    benches, qualities = [], []
+    for name in instances:
+        entry = recorded_instance(gates, name)
+        benches.append(entry.get("bench"))
+        quality = entry.get("quality") or {}
+        qualities.append(quality.get("score"))
+    return side_samples(benches, qualities, probes=[[{"passed": True}] for _name in instances])
+
+
+def analyse(canary: dict, baseline: dict, *, margin: float, request_margin: float, quality_margin: float,
+            pass_score: float, marginal_score: float, confidence: float, accept=()) -> dict:
+    """The judge's analysis of the canary's samples against the baseline's, with whether the rollout
+    may go on: on a pass, or on a verdict `accept` names (never a fail)."""
+    unknown = sorted(set(accept) - set(VERDICTS_ACCEPTABLE))
+    if unknown:
+        raise ValueError(f"serving_canary_accept: {', '.join(unknown)} cannot be accepted; it takes "
+                         f"{' and '.join(VERDICTS_ACCEPTABLE)}")
+    analysis = judge(metrics(margin, request_margin, quality_margin), canary, baseline, weights=WEIGHTS,
+                     pass_score=pass_score, marginal_score=marginal_score, confidence=confidence)
+    analysis["promote"] = analysis["verdict"] == "pass" or analysis["verdict"] in accept
+    analysis["accepted"] = analysis["verdict"] != "pass" and analysis["promote"]
+    return analysis
+
+
+# What a release record, the ledger and the report keep of an analysis, and of each metric in it
+# (the samples' sizes and quartiles, not the samples: those are in build/canary).
+RECORD_KEYS = ("verdict", "score", "accepted", "trials", "baseline", "reasons", "thresholds", "simulated", "metrics")
+METRIC_KEYS = ("name", "group", "better", "margin_pct", "critical", "classification", "conclusive", "shift_pct",
+               "interval_pct", "confidence", "p_value", "canary", "baseline")
+
+
+def canary_record(analysis: dict | None) -> dict | None:
+    """What is kept of canary_analysis's result: the verdict, its score and reasons, the baseline,
+    and per metric its classification, shift, interval and each side's quartiles."""
+    if not analysis or "verdict" not in analysis:
+        return None
+    record = {key: analysis.get(key) for key in RECORD_KEYS}
+    record["metrics"] = [{key: metric.get(key) for key in METRIC_KEYS} for metric in analysis.get("metrics") or ()]
+    return record
+
+
+def verdict_line(analysis: dict, canary: str, baseline: dict, trials: int) -> str:
+    """`gpu1: canary analysis pass, score 100 after 3 trials against gpu2 (same window, sub510)`,
+    then the reasons of a verdict that is not a pass."""
+    against = baseline.get("host") or canary
+    score = "no score" if analysis["score"] is None else f"score {analysis['score']:.0f}"
+    line = (f"{canary}: canary analysis {analysis['verdict']}{' (accepted)' if analysis['accepted'] else ''}, "
+            f"{score} after {trials} trial{'s' if trials != 1 else ''} against {against} "
+            f"({baseline.get('kind')}, {baseline.get('release') or 'vendor files'})")
+    if analysis["reasons"]:
+        line += ": " + "; ".join(analysis["reasons"])
+    return line
+
+
+def canary_settings(given: dict | None) -> tuple[dict, list[str]]:
+    """The analysis' settings, each given one (None: not given) in place of its default, and what
+    is wrong with them, one sentence each naming the variable."""
+    settings, problems = {}, []
+    for name, default in SETTINGS.items():
+        value = (given or {}).get(name)
+        settings[name] = default if value is None else value
+    for name in ("trials", "max_trials"):
+        value = settings[name]
+        if isinstance(value, bool) or not isinstance(value, int) and not str(value).isdigit() or int(value) < 1:
+            problems.append(f"serving_canary_{name} must be a whole number of trials, at least 1, not {value!r}")
+        else:
+            settings[name] = int(value)
+    if not problems and settings["max_trials"] < settings["trials"]:
+        problems.append(f"serving_canary_max_trials ({settings['max_trials']}) must be at least serving_canary_trials "
+                        f"({settings['trials']})")
+    for name in ("margin", "request_margin"):
+        try:
+            settings[name] = float(settings[name])
+            fits = 0 <= settings[name] < 1
+        except (TypeError, ValueError):
+            fits = False
+        if not fits:
+            problems.append(f"serving_canary_{name} must be a fraction in [0, 1) such as 0.02, not {settings[name]!r}")
+    thresholds = settings["thresholds"]
+    try:
+        thresholds = {**SETTINGS["thresholds"], **thresholds}
+        thresholds = {key: float(thresholds[key]) for key in ("pass", "marginal")}
+        if not 0 <= thresholds["marginal"] <= thresholds["pass"] <= 100:
+            raise ValueError
+        settings["thresholds"] = thresholds
+    except (TypeError, ValueError):
+        problems.append("serving_canary_thresholds must be {pass: <score>, marginal: <score>} with "
+                        f"0 <= marginal <= pass <= 100, not {settings['thresholds']!r}")
+    accept = settings["accept"]
+    if isinstance(accept, str):
+        accept = [word.strip() for word in accept.split(",") if word.strip()]
+    settings["accept"] = list(accept) if isinstance(accept, (list, tuple)) else [accept]
+    unknown = [value for value in settings["accept"] if value not in VERDICTS_ACCEPTABLE]
+    if unknown:
+        problems.append(f"serving_canary_accept: {', '.join(map(str, unknown))} cannot be accepted; it takes "
+                        f"{' and '.join(VERDICTS_ACCEPTABLE)} (a fail never goes on)")
+    return settings, problems
+
+
+def canary_plan(order, hosts: dict, *, enabled: bool = True, measured: bool = True, first_batch: int = 1,
+                baseline: str | None = None, settings: dict | None = None) -> dict:
+    """The plan with its settings, and `error` when a setting or the named baseline is wrong."""
+    resolved, problems = canary_settings(settings)
+    plan = dict(decide(order, hosts, enabled=enabled, measured=measured, first_batch=first_batch,
+                       baseline=baseline), settings=resolved)
+    if enabled and problems:
+        plan["error"] = "; ".join(problems + ([plan["error"]] if plan.get("error") else []))
+    return plan
+
+
+def decide(order, hosts: dict, *, enabled: bool, measured: bool, first_batch: int, baseline: str | None) -> dict:
+    """Whether the canary (order[0]) is analysed, and against what.
+
+    `order` is the rollout's hosts, canary first; `hosts` maps each to what the plan reads of it:
+    takes_part, release ({id, status} of what it runs now, id null on the vendor's files), gpus
+    (its GPU count), instances (its engine instances' names) and gates (what its current release
+    recorded). `baseline` is the host serving_canary_baseline names.
+    """
+    order = list(order)
+    if not order:
+        return skipped(None, "no host takes part")
+    canary = order[0]
+    if not enabled:
+        return skipped(canary, "serving_canary_analysis is false")
+    if not measured:
+        return skipped(canary, "the throughput gate is not measured, so there is nothing to compare")
+    if len(order) == 1:
+        return skipped(canary, "the fleet is the canary alone: no host waits on its verdict")
+    if first_batch > 1:
+        return skipped(canary, f"the rollout's first batch holds {first_batch} hosts: no canary goes first")
+    info = hosts[canary]
+    if not info.get("takes_part"):
+        return skipped(canary, "the canary has nothing to change")
+    release = info.get("release") or {}
+    if release.get("id") and release.get("status") != "good":
+        return skipped(canary, f"the canary runs {release['id']}, which is {release.get('status')}, not good")
+
+    def unlike(name):
+        """Why `name` cannot be the canary's baseline, or None."""
+        other = hosts.get(name)
+        if other is None:
+            return "it is not in this rollout"
+        theirs = other.get("release") or {}
+        if (theirs.get("id"), theirs.get("status")) != (release.get("id"), release.get("status")):
+            return (f"it runs {theirs.get('id') or 'the vendor files'}, not the canary's "
+                    f"{release.get('id') or 'vendor files'}")
+        if other.get("gpus") != info.get("gpus"):
+            return f"it has {other.get('gpus')} GPUs, the canary {info.get('gpus')}"
+        if sorted(other.get("instances") or ()) != sorted(info.get("instances") or ()):
+            return (f"its engine instances ({', '.join(other.get('instances') or ())}) are not the canary's "
+                    f"({', '.join(info.get('instances') or ())})")
+        return None
+
+    if baseline:
+        problem = "it is the canary" if baseline == canary else unlike(baseline)
+        if problem:
+            return dict(skipped(canary, ""), error=f"serving_canary_baseline={baseline} cannot be {canary}'s "
+                                                   f"baseline: {problem}")
+        return chosen(canary, baseline, SAME_WINDOW, release)
+    for name in order[1:]:
+        if unlike(name) is None:
+            return chosen(canary, name, SAME_WINDOW, release)
+    recorded_benches = [recorded_instance(info.get("gates"), name).get("bench") for name in info.get("instances") or ()]
+    if release.get("id") and recorded_benches and all(recorded_benches):
+        return chosen(canary, None, HISTORICAL, release)
+    return skipped(canary, f"no host runs {release.get('id') or 'the vendor files'} on {info.get('gpus')} GPUs "
+                           f"with the canary's instances, and {release.get('id') or 'the vendor files'} recorded no "
+                           "bench on the canary")
+
+
+def skipped(canary, why: str) -> dict:
+    return {"analyse": False, "canary": canary, "baseline": None, "kind": None, "release": None, "why": why}
+
+
+def chosen(canary: str, baseline: str | None, kind: str, release: dict) -> dict:
+    against = baseline if baseline else f"{canary}'s own figures"
+    return {"analyse": True, "canary": canary, "baseline": baseline, "kind": kind, "release": release.get("id"),
+            "why": f"against {against} ({kind}, {release.get('id') or 'vendor files'})"}
+
+
+def rollout_hosts(order, hostvars) -> dict:
+    """What canary_plan reads of each host of the rollout, from its variables after the check play:
+    its part in the rollout, its current release (stage_plan), GPUs (gpu_facts) and instances."""
+    hosts = {}
+    for name in order:
+        variables = hostvars[name]
+        current = (variables.get("stage_plan") or {}).get("current_release") or {}
+        record = current.get("record") or {}
+        hosts[name] = {
+            "takes_part": bool(variables.get("serving_takes_part")),
+            "release": {"id": current.get("id"), "status": record.get("status")},
+            "gpus": ((variables.get("ansible_facts") or {}).get("gpu_facts") or {}).get("count"),
+            "instances": [instance["name"] for instance in variables.get("engine_host_instances") or ()],
+            "gates": record.get("gates"),
+        }
+    return hosts
+
+
+def first_batch_size(serial, count: int) -> int:
+    """The number of hosts in a rollout's first batch, as Ansible reads `serial` (a number, a
+    percentage or a list of them): a percentage of the hosts rounded down but at least one."""
+    first = serial[0] if isinstance(serial, (list, tuple)) and serial else serial
+    if first in (None, "", 0):
+        return count
+    text = str(first).strip()
+    if text.endswith("%"):
+        return max(int(float(text[:-1]) / 100.0 * count), 1)
+    return min(int(text), count) or count

@@ -1,0 +1,199 @@
+"""The canary analysis around the judge: the plan that picks a baseline before any host changes,
+the settings it checks, the samples each side is made of, and the verdict that steers the
+rollout."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from ansible_collections.biv100.serving.plugins.plugin_utils._canary_analysis import (
+    HISTORICAL,
+    SAME_WINDOW,
+    SETTINGS,
+    analyse,
+    canary_plan,
+    canary_record,
+    first_batch_size,
+    historical_samples,
+    side_samples,
+    verdict_line,
+)
+
+MARGINS = {"margin": 0.02, "request_margin": 0.10, "quality_margin": 0.04, "pass_score": 75,
+           "marginal_score": 50, "confidence": 0.98}
+
+
+def host(release="sub510", status="good", gpus=4, instances=("vllm",), takes_part=True, gates=None):
+    return {"takes_part": takes_part, "release": {"id": release, "status": status}, "gpus": gpus,
+            "instances": list(instances), "gates": gates}
+
+
+def fleet(**overrides):
+    hosts = {name: host() for name in ("h1", "h2", "h3", "h4")}
+    hosts.update(overrides)
+    return hosts
+
+
+def test_the_baseline_is_the_next_host_on_the_canarys_release_with_its_gpus_and_instances():
+    hosts = fleet(h2=host(gpus=8), h3=host(release="sub509"))
+    plan = canary_plan(["h1", "h2", "h3", "h4"], hosts)
+    assert plan["analyse"] and (plan["baseline"], plan["kind"], plan["release"]) == ("h4", SAME_WINDOW, "sub510")
+    assert plan["settings"] == SETTINGS and "error" not in plan
+    assert plan["why"] == "against h4 (same window, sub510)"
+
+
+def test_a_named_baseline_must_qualify_and_is_refused_naming_why():
+    hosts = fleet(h3=host(gpus=8))
+    assert canary_plan(["h1", "h2", "h3"], hosts, baseline="h2")["baseline"] == "h2"
+    refused = canary_plan(["h1", "h2", "h3"], hosts, baseline="h3")
+    assert refused["error"] == "serving_canary_baseline=h3 cannot be h1's baseline: it has 8 GPUs, the canary 4"
+    assert "not in this rollout" in canary_plan(["h1", "h2"], hosts, baseline="elsewhere")["error"]
+    assert "it is the canary" in canary_plan(["h1", "h2"], hosts, baseline="h1")["error"]
+
+
+def test_hosts_on_vendor_files_compare_with_each_other():
+    hosts = fleet(h1=host(release=None, status=None), h2=host(release=None, status=None))
+    plan = canary_plan(["h1", "h2", "h3"], hosts)
+    assert (plan["baseline"], plan["release"]) == ("h2", None) and "vendor files" in plan["why"]
+
+
+def test_without_a_host_to_compare_the_canarys_own_record_is_the_weaker_historical_baseline():
+    recorded = {"instances": {"vllm": {"bench": {"score": 10000.0}}}}
+    hosts = fleet(h1=host(gates=recorded), h2=host(release="sub511"), h3=host(instances=("vllm-1", "vllm-2")))
+    plan = canary_plan(["h1", "h2", "h3"], hosts)
+    assert (plan["analyse"], plan["baseline"], plan["kind"]) == (True, None, HISTORICAL)
+    assert plan["why"] == "against h1's own figures (historical, sub510)"
+    unrecorded = canary_plan(["h1", "h2"], fleet(h2=host(release="sub511")))
+    assert not unrecorded["analyse"] and "recorded no bench" in unrecorded["why"]
+
+
+@pytest.mark.parametrize(("arguments", "why"), [
+    ({"enabled": False}, "serving_canary_analysis is false"),
+    ({"measured": False}, "the throughput gate is not measured"),
+    ({"first_batch": 4}, "the rollout's first batch holds 4 hosts"),
+])
+def test_the_analysis_is_skipped_saying_why(arguments, why):
+    plan = canary_plan(["h1", "h2"], fleet(), **arguments)
+    assert not plan["analyse"] and plan["why"].startswith(why)
+
+
+def test_a_fleet_of_one_and_a_canary_with_nothing_to_change_skip_it():
+    assert canary_plan(["h1"], fleet())["why"] == "the fleet is the canary alone: no host waits on its verdict"
+    assert canary_plan(["h1", "h2"], fleet(h1=host(takes_part=False)))["why"] == "the canary has nothing to change"
+    failed = canary_plan(["h1", "h2"], fleet(h1=host(status="failed")))
+    assert not failed["analyse"] and "failed, not good" in failed["why"]
+
+
+def test_wrong_settings_are_refused_each_naming_its_variable():
+    plan = canary_plan(["h1", "h2"], fleet(), settings={
+        "trials": 0, "margin": 1.5, "thresholds": {"pass": 40, "marginal": 60}, "accept": "fail,marginal"})
+    error = plan["error"]
+    assert "serving_canary_trials must be a whole number of trials, at least 1, not 0" in error
+    assert "serving_canary_margin must be a fraction in [0, 1)" in error
+    assert "serving_canary_thresholds must be {pass: <score>, marginal: <score>}" in error
+    assert "serving_canary_accept: fail cannot be accepted" in error
+    assert "serving_canary_max_trials (2) must be at least serving_canary_trials (3)" in canary_plan(
+        ["h1", "h2"], fleet(), settings={"max_trials": "2"})["error"]
+    # Switched off, its settings do not matter.
+    assert "error" not in canary_plan(["h1", "h2"], fleet(), enabled=False, settings={"trials": 0})
+
+
+def test_settings_given_as_text_are_read_as_the_command_line_gives_them():
+    plan = canary_plan(["h1", "h2"], fleet(), settings={"trials": "4", "max_trials": None, "margin": "0.05",
+                                                         "accept": "marginal, inconclusive"})
+    assert plan["settings"]["trials"] == 4 and plan["settings"]["max_trials"] == 6
+    assert plan["settings"]["margin"] == 0.05 and plan["settings"]["accept"] == ["marginal", "inconclusive"]
+
+
+@pytest.mark.parametrize(("serial", "count", "size"), [
+    ([1, "100%"], 4, 1), (["100%"], 4, 4), ("25%", 4, 1), ("50%", 4, 2), ("10%", 4, 1), (2, 4, 2), ("1", 1, 1),
+])
+def test_the_first_batch_is_counted_as_ansible_counts_serial(serial, count, size):
+    assert first_batch_size(serial, count) == size
+
+
+def bench(score, output_tps, requests):
+    return {"score": score, "output_tps": output_tps, "simulated": True,
+            "samples": {"output_tps": [r[0] for r in requests], "ttft_ms": [r[1] for r in requests],
+                        "tpot_ms": [r[2] for r in requests], "e2e_ms": [r[3] for r in requests]}}
+
+
+def test_a_sides_samples_are_per_run_per_request_and_per_instance():
+    samples = side_samples([bench(10000, 2500, [(3000, 25, 0.2, 60), (2800, 26, 0.2, 70)]), None,
+                            bench(9900, 2450, [(2900, 27, None, 65)])],
+                           qualities=[1.0, None], probes=[[{"passed": True}, {"passed": False}], []])
+    assert samples["score"] == [10000.0, 9900.0] and samples["output_tps"] == [2500.0, 2450.0]
+    assert samples["request_output_tps"] == [3000.0, 2800.0, 2900.0]
+    assert samples["tpot_ms"] == [0.2, 0.2]  # a request too short for a TPOT has none
+    assert samples["quality"] == [1.0] and samples["probes"] == [0.5]
+
+
+def test_a_historical_side_is_what_the_release_recorded_with_every_probe_passed():
+    gates = {"instances": {"vllm-1": {"bench": bench(10000, 2500, [(3000, 25, 0.2, 60)]), "quality": {"score": 0.97}},
+                           "vllm-2": {"bench": bench(9800, 2400, [(2900, 26, 0.2, 61)])}}}
+    samples = historical_samples(gates, ["vllm-1", "vllm-2"])
+    assert samples["score"] == [10000.0, 9800.0] and samples["quality"] == [0.97]
+    assert samples["probes"] == [1.0, 1.0] and samples["ttft_ms"] == [25.0, 26.0]
+
+
+def trials(rate, count=3, requests=24, jitter=0.01, seed=1):
+    """Benches whose figures scale with `rate`, each request drawn with a little noise."""
+    rng = random.Random(seed)
+    benches = []
+    for _trial in range(count):
+        draws = [1 + rng.uniform(-jitter, jitter) for _request in range(requests)]
+        benches.append(bench(10000 * rate * draws[0], 2500 * rate * draws[1],
+                             [(3000 * rate * d, 25 / rate * d, 0.2 / rate * d, 60 / rate * d) for d in draws]))
+    return benches
+
+
+def side(benches, quality=1.0):
+    return side_samples(benches, [quality], [[{"passed": True}] * 75])
+
+
+def test_the_same_release_on_both_sides_passes_and_the_rollout_goes_on():
+    analysis = analyse(side(trials(1.0, seed=1)), side(trials(1.0, seed=2)), **MARGINS)
+    assert (analysis["verdict"], analysis["score"], analysis["promote"]) == ("pass", 100.0, True)
+
+
+def test_a_canary_ten_percent_slower_fails_naming_the_score_its_shift_and_interval():
+    analysis = analyse(side(trials(0.9, seed=1)), side(trials(1.0, seed=2)), **MARGINS)
+    assert (analysis["verdict"], analysis["score"], analysis["promote"]) == ("fail", 0.0, False)
+    assert any(reason.startswith("score -10.") and reason.endswith("< -2 %") for reason in analysis["reasons"])
+
+
+def test_a_quality_drop_beyond_its_bound_fails_the_canary_however_fast_it_is():
+    analysis = analyse(side(trials(1.0, seed=1), quality=0.9), side(trials(1.0, seed=2)), **MARGINS)
+    assert analysis["verdict"] == "fail" and analysis["reasons"] == ["quality -10.0 % [-10.0, -10.0] < -4 %"]
+
+
+def test_noise_too_wide_for_the_samples_is_inconclusive_unless_accepted():
+    canary, baseline = side(trials(1.0, count=1, jitter=0.5, seed=1)), side(trials(1.0, count=1, jitter=0.5, seed=2))
+    analysis = analyse(canary, baseline, **MARGINS)
+    assert analysis["verdict"] == "inconclusive" and not analysis["promote"]
+    assert any("too few samples for the noise" in reason for reason in analysis["reasons"])
+    accepted = analyse(canary, baseline, accept=["inconclusive"], **MARGINS)
+    assert accepted["promote"] and accepted["accepted"]
+    with pytest.raises(ValueError, match="fail cannot be accepted"):
+        analyse(canary, baseline, accept=["fail"], **MARGINS)
+
+
+def test_the_record_keeps_the_verdict_and_each_metrics_quartiles_not_the_samples():
+    analysis = analyse(side(trials(0.9, seed=1)), side(trials(1.0, seed=2)), **MARGINS)
+    analysis.update(trials=3, baseline={"host": "h2", "kind": SAME_WINDOW, "release": "sub510"}, simulated=True)
+    record = canary_record(analysis)
+    assert record["verdict"] == "fail" and record["baseline"]["host"] == "h2" and record["trials"] == 3
+    score = next(metric for metric in record["metrics"] if metric["name"] == "score")
+    assert score["classification"] == "Low" and score["canary"]["count"] == 3 and "u" not in score
+    assert set(score["canary"]) == {"count", "min", "p25", "median", "p75", "max", "mean"}
+    assert canary_record(None) is None and canary_record({"skipped": True}) is None
+
+
+def test_the_verdict_line_names_the_baseline_and_the_reasons():
+    analysis = analyse(side(trials(0.9, seed=1)), side(trials(1.0, seed=2)), **MARGINS)
+    line = verdict_line(analysis, "h1", {"host": "h2", "kind": SAME_WINDOW, "release": "sub510"}, 3)
+    assert line.startswith("h1: canary analysis fail, score 0 after 3 trials against h2 (same window, sub510): score -")
+    historical = verdict_line(analysis, "h1", {"host": None, "kind": HISTORICAL, "release": "sub510"}, 1)
+    assert "after 1 trial against h1 (historical, sub510)" in historical
