@@ -398,7 +398,7 @@ def test_detach_starts_the_job_and_returns_it_without_following_it(tmp_path, wor
 
 
 def test_detach_in_check_mode_starts_the_job_as_a_bench_in_check_mode_does(tmp_path, workload, playbook_dir,
-                                                                          shown):
+                                                                           shown):
     host = Host(final=figures(5900, 20100))
     result = run_action(args_for(workload, detach=True), host, playbook_dir, check_mode=True)
     assert host.jobs() == ["start"] and result["job"]["pid"] == 4242 and not result.get("failed")
@@ -494,7 +494,6 @@ def test_a_delegated_task_measures_and_names_the_host_it_is_delegated_to(tmp_pat
     with pytest.raises(AnsibleActionFail, match=re.escape("label must be lab-h2 or lab-h2/<instance> (a plain name "
                                                           f"such as vllm-1), got '{HOST}'")):
         run_action(args_for(workload, label=HOST), Host(final=figures(1, 1)), playbook_dir, delegate_to="lab-h2")
-
 
 
 # ---- refusals before anything is sent ------------------------------------------------------
@@ -678,6 +677,7 @@ def test_a_detached_job_of_the_real_module_runs_between_tasks_and_attach_takes_i
     assert not os.path.exists(job["dir"]) and worker_gone(job["pid"])
     document = json.loads((playbook_dir / "build" / "bench" / "sub510" / f"{HOST}.json").read_text())
     assert document["started"] == job["started"] and len(document["samples"]["e2e_ms"]) == 6
+
 
 def test_a_worker_that_cannot_be_stopped_is_named_in_a_warning(tmp_path, workload, playbook_dir, shown,
                                                                monkeypatch):
