@@ -10,10 +10,15 @@ run so far, which is shown as one line; the call that finds it ended brings its 
 removes the job's folder. Should following the worker fail (a lost connection, the time limit,
 an interrupt), a last call stops it. The gate's verdict is data: the task fails only when the
 module failed or more than max_failed_fraction of the measured requests did.
+
+With detach the task only starts the job and returns it; a later task given it as attach
+follows it instead of starting one. Between the two, other tasks run - the bench of another
+host among them - so that two hosts are measured at the same time from one task list.
 """
 
 from __future__ import annotations
 
+import calendar
 import json
 import math
 import os
@@ -27,7 +32,7 @@ from ansible.utils.display import Display
 
 from ansible_collections.biv100.serving.plugins.module_utils import _bench_options
 from ansible_collections.biv100.serving.plugins.module_utils._bench_options import MUTUALLY_EXCLUSIVE, REQUIRED_ONE_OF
-from ansible_collections.biv100.serving.plugins.module_utils._state_store import utc_timestamp
+from ansible_collections.biv100.serving.plugins.module_utils._state_store import TIMESTAMP_FORMAT, utc_timestamp
 from ansible_collections.biv100.serving.plugins.plugin_utils._atomic_file import write_atomic
 from ansible_collections.biv100.serving.plugins.plugin_utils._bench_workload import (
     WorkloadError,
@@ -81,7 +86,9 @@ class ActionModule(ActionBase):
             required_one_of=REQUIRED_ONE_OF,
             mutually_exclusive=MUTUALLY_EXCLUSIVE,
         )
-        host = task_vars.get("inventory_hostname", "?")
+        # The host measured: the one the task is delegated to (another host's engine benched
+        # from this host's task list), else the play's.
+        host = self._task.delegate_to or task_vars.get("inventory_hostname", "?")
         # How the progress, the messages and the results name the engine measured.
         label = args["label"] or host
         name = label[len(host) + 1:] if label.startswith(f"{host}/") else None
@@ -96,6 +103,9 @@ class ActionModule(ActionBase):
         if args["gate"] is None:
             raise AnsibleActionFail("gate is required: the score a release must reach (the gates role passes "
                                     "gates_competition's throughput score)")
+        if args["detach"] and args["attach"]:
+            raise AnsibleActionFail("detach and attach exclude each other: detach starts a benchmark job and "
+                                    "returns it, attach follows the job a detached task returned")
         if args["poll_seconds"] <= 0:
             raise AnsibleActionFail("poll_seconds must be above 0")
         if not 0 <= args["max_failed_fraction"] <= 1:
@@ -129,16 +139,27 @@ class ActionModule(ActionBase):
                                     "the workload")
         module_args["concurrency"] = concurrency
 
-        started_at = utc_timestamp()
-        answer = self._run_job(module_args, task_vars, label, args["poll_seconds"])
+        if args["attach"]:
+            job = attached_job(args["attach"], label)
+        else:
+            job = self._start_job(module_args, task_vars, label)
+        if job.get("failed") or args["detach"]:
+            answer = job
+        else:
+            answer = self._follow_job(job, module_args, task_vars, args["poll_seconds"])
         self._remove_tmp_path(self._connection._shell.tmpdir)
         if answer.get("failed"):
             answer["msg"] = f"{answer.get('msg', 'the benchmark failed')}{_mark(answer.get('simulated'))}"
             answer["changed"] = False  # a bench changes nothing, whatever stopped it
             return answer
+        if args["detach"]:
+            result.update(changed=False, job=job,
+                          msg=f"{label}: the benchmark runs as job {posixpath.basename(job['dir'])} in worker "
+                              f"{job['pid']}; a task given this job as attach takes its result")
+            return result
 
         verdict = judge(answer, args, workload, label)
-        verdict["started"], verdict["finished"] = started_at, utc_timestamp()
+        verdict["started"], verdict["finished"] = job["started"], utc_timestamp()
         result.update({key: answer[key] for key in ("concurrency", "warmup", "failures", "progress_error")
                        if key in answer})
         result.update({key: value for key, value in verdict.items() if key not in ("host", "started", "finished")})
@@ -152,48 +173,75 @@ class ActionModule(ActionBase):
             result["results_file"] = path
         return result
 
-    def _run_job(self, module_args: dict, task_vars: dict, host: str, poll_seconds: float) -> dict:
-        """The module's result, measured by a worker on the host whose progress is shown while
-        it runs."""
-        started = self._execute_module(MODULE, module_args=dict(module_args, _job="start"), task_vars=task_vars)
-        if started.get("failed"):
-            return started
+    def _start_job(self, module_args: dict, task_vars: dict, label: str) -> dict:
+        """Start the measurement as a worker on the host: the job (what a follow needs to find
+        the worker), or the module's answer when it failed."""
+        started = utc_timestamp()
+        answer = self._execute_module(MODULE, module_args=dict(module_args, _job="start"), task_vars=task_vars)
+        if answer.get("failed"):
+            return answer
+        return {"dir": answer["job_dir"], "pid": answer["pid"], "started": started, "label": label}
+
+    def _follow_job(self, job: dict, module_args: dict, task_vars: dict, poll_seconds: float) -> dict:
+        """The module's result, once the job's worker ended; its progress is shown while it runs.
+        The time limit counts from the job's start, however long ago a detached call made it."""
         # The options every call requires; the calls that follow the job measure nothing.
-        job = {"_job_dir": started["job_dir"], "served_model_name": module_args["served_model_name"],
-               "weights": module_args["weights"]}
+        status = {"_job_dir": job["dir"], "served_model_name": module_args["served_model_name"],
+                  "weights": module_args["weights"]}
         limit = time_limit(module_args)
-        deadline = time.monotonic() + limit
+        deadline = time.monotonic() + limit - seconds_since(job["started"])
         # The first line after a second at most; a run shorter than that needs none.
         wait = min(poll_seconds, FIRST_LINE_SECONDS)
         answer = None
         try:
             while True:
-                answer = self._execute_module(MODULE, module_args=dict(job, _job="status", _job_wait=wait),
+                answer = self._execute_module(MODULE, module_args=dict(status, _job="status", _job_wait=wait),
                                               task_vars=task_vars)
                 if answer.get("finished") or answer.get("failed"):
                     break
-                display.display(progress_line(host, answer.get("progress"), module_args))
+                display.display(progress_line(job["label"], answer.get("progress"), module_args))
                 if time.monotonic() > deadline:
-                    raise AnsibleActionFail(f"{host}: the benchmark job {posixpath.basename(job['_job_dir'])} "
+                    raise AnsibleActionFail(f"{job['label']}: the benchmark job {posixpath.basename(job['dir'])} "
                                             f"did not end within {limit} s")
                 wait = poll_seconds
         finally:
             if not (answer and answer.get("finished")):
-                self._stop(job, task_vars, host, started.get("pid"))
+                self._stop(job, status, task_vars)
         for key in ("finished", "invocation"):
             answer.pop(key, None)
         return answer
 
-    def _stop(self, job: dict, task_vars: dict, host: str, pid) -> None:
+    def _stop(self, job: dict, status: dict, task_vars: dict) -> None:
         """End the worker whose following failed, and its folder; a warning if even that fails,
         since the task fails already for the reason it stopped."""
         try:
-            stopped = self._execute_module(MODULE, module_args=dict(job, _job="stop"), task_vars=task_vars)
+            stopped = self._execute_module(MODULE, module_args=dict(status, _job="stop"), task_vars=task_vars)
         except Exception as error:  # pylint: disable=broad-exception-caught
             stopped = {"failed": True, "msg": str(error)}
         if stopped.get("failed"):
-            display.warning(f"{host}: the benchmark worker {pid} in {job['_job_dir']} could not be stopped: "
+            display.warning(f"{job['label']}: the benchmark worker {job['pid']} in {job['dir']} could not be stopped: "
                             f"{stopped.get('msg')}")
+
+
+def attached_job(job: dict, label: str) -> dict:
+    """The job a detached task returned, refused when it measures another engine than this
+    task's label names (its figures would be recorded as that engine's)."""
+    name = posixpath.basename(job["dir"])
+    if job["label"] != label:
+        raise AnsibleActionFail(f"attach: the benchmark job {name} measures {job['label']}, not {label} (this "
+                                f"task's label): attach each job with the label its detached task had")
+    try:
+        seconds_since(job["started"])
+    except ValueError:
+        raise AnsibleActionFail(f"attach: the benchmark job {name}: started must be the UTC timestamp its "
+                                f"detached task returned (such as 2026-01-31T12:00:00Z), got {job['started']!r}") \
+            from None
+    return job
+
+
+def seconds_since(timestamp: str) -> float:
+    """Seconds from a UTC timestamp of utc_timestamp() until now; ValueError for other text."""
+    return max(time.time() - calendar.timegm(time.strptime(timestamp, TIMESTAMP_FORMAT)), 0.0)
 
 
 def time_limit(module_args: dict) -> int:

@@ -53,4 +53,13 @@ def argument_spec():
         )),
         poll_seconds=dict(type="float", default=5),
         quality=dict(type="dict"),
+        # Read by the action: start the measurement and return its job (detach), or follow the
+        # job a detached call returned (attach), so that one task list measures two hosts at once.
+        detach=dict(type="bool", default=False),
+        attach=dict(type="dict", options=dict(
+            dir=dict(type="str", required=True),
+            pid=dict(type="int", required=True),
+            started=dict(type="str", required=True),
+            label=dict(type="str", required=True),
+        )),
     )

@@ -35,6 +35,12 @@ description:
     memory); a follow that fails stops the worker. The action then judges the score against
     O(gate), and with O(release) writes the figures to
     C(<results_dir>/<release>/<inventory_hostname>.json).'
+  - 'Two engines are measured at the same time from one task list (the canary analysis benches
+    the canary beside a baseline host) with O(detach) and O(attach): a task with O(detach) starts
+    the measurement on its host and returns at once with its RV(job); a later task, given that
+    job as O(attach), follows it as above instead of starting one. Between the two, another
+    engine is benched - typically the play''s own host, while the detached job measures the
+    host the two tasks are delegated to.'
   - The task fails when more than O(max_failed_fraction) of the measured requests failed or
     the host half failed - not when the score misses the gate, which is returned as data
     (RV(gate.passed)) for the playbook to decide on.
@@ -173,7 +179,8 @@ options:
         engine instance's label, C(<inventory_hostname>) for a host of one engine,
         C(<inventory_hostname>/<instance>) for one of several; the figures go to
         C(<results_dir>/<release>/<label>.json).
-      - Default C(inventory_hostname).
+      - Default C(inventory_hostname), or the host the task is delegated to with C(delegate_to)
+        (the host measured, whose name the label must start with).
       - Read by the action.
     type: str
     version_added: 0.2.0
@@ -210,6 +217,46 @@ options:
         the quality gate may have written.
       - Read by the action.
     type: dict
+  detach:
+    description:
+      - Start the measurement on the host and return at once with RV(job), without following it -
+        no progress line, no verdict, no results file; a later task given RV(job) as O(attach)
+        follows it.
+      - A job never attached runs to its end and leaves its folder in the host's temporary folder
+        (its result, never the requests or the key); a play that may stop between the two tasks
+        attaches in an C(always) section.
+      - Excludes O(attach).
+      - Read by the action.
+    type: bool
+    default: false
+  attach:
+    description:
+      - The RV(job) a task with O(detach) returned, to follow instead of starting a measurement -
+        the progress lines, the time limit (counted from the job's start), the worker stopped
+        when following fails, the verdict and, with O(release), the results file, as without it.
+      - The other options are given again as the detached task had them, since the verdict and
+        the time limit are computed from them; a job of another O(label) than this task's is
+        refused.
+      - Excludes O(detach).
+      - Read by the action.
+    type: dict
+    suboptions:
+      dir:
+        description: The job's folder on the host.
+        type: str
+        required: true
+      pid:
+        description: The process id of the job's worker.
+        type: int
+        required: true
+      started:
+        description: When the job started, in UTC (C(2026-01-31T12:00:00Z)).
+        type: str
+        required: true
+      label:
+        description: The O(label) of the task that started it.
+        type: str
+        required: true
 extends_documentation_fragment:
   - biv100.serving.posix_host
   - ansible.builtin.action_common_attributes
@@ -232,7 +279,8 @@ attributes:
     support: full
     details:
       - The requests change nothing but the engine's caches, so they are sent in check mode
-        too; the action writes no results file then.
+        too; the action writes no results file then. A task with O(detach) starts its job in
+        check mode as well, and the task that attaches to it writes no results file.
   diff_mode:
     support: none
 notes:
@@ -286,6 +334,38 @@ EXAMPLES = r"""
         max_tokens: 64
         stream: true
         stream_options: {include_usage: true}
+
+# The canary and a baseline host measured side by side, from the canary's task list.
+- name: Start the baseline host's bench and return at once
+  biv100.serving.engine_bench:
+    workload: default
+    served_model_name: qwen3_5
+    max_num_seqs: 2
+    weights: {output: 0.83, input: 0.17}
+    gate: 8000
+    detach: true
+  delegate_to: "{{ canary_baseline_host }}"
+  register: baseline_job
+
+- name: Measure the canary while the baseline host's bench runs
+  biv100.serving.engine_bench:
+    workload: default
+    served_model_name: qwen3_5
+    max_num_seqs: 2
+    weights: {output: 0.83, input: 0.17}
+    gate: 8000
+  register: canary_bench
+
+- name: Take the baseline host's figures, with the same options as its start
+  biv100.serving.engine_bench:
+    workload: default
+    served_model_name: qwen3_5
+    max_num_seqs: 2
+    weights: {output: 0.83, input: 0.17}
+    gate: 8000
+    attach: "{{ baseline_job.job }}"
+  delegate_to: "{{ canary_baseline_host }}"
+  register: baseline_bench
 """
 
 RETURN = r"""
@@ -293,16 +373,36 @@ msg:
   description:
     - What was measured, and with the action the gate's verdict and the deltas; C([simulated])
       when the figures are the stand-in's.
+    - With O(detach), the label and the job started.
   returned: always
   type: str
   sample: score 8437 >= 8000 (output 5900 tok/s, input 20100 tok/s) [simulated]
+job:
+  description:
+    - The job started, for a later task's O(attach).
+  returned: with O(detach)
+  type: dict
+  sample: {dir: /tmp/biv100-engine-bench-k2x9q1ab, pid: 48211, started: "2026-01-31T12:00:00Z", label: lab-h2}
+  contains:
+    dir:
+      description: The job's folder on the host.
+      type: str
+    pid:
+      description: The process id of the job's worker.
+      type: int
+    started:
+      description: When the job started, in UTC.
+      type: str
+    label:
+      description: The engine measured, as O(label).
+      type: str
 simulated:
   description: Whether any answer carried the C(x-biv100-simulated) header of the lab's stand-in.
-  returned: always
+  returned: unless O(detach)
   type: bool
 requests:
   description: The measured requests that succeeded and failed (warm-up left out).
-  returned: always
+  returned: unless O(detach)
   type: dict
   contains:
     ok:
@@ -313,48 +413,48 @@ requests:
       type: int
 input_tokens:
   description: The successful measured requests' C(usage.prompt_tokens), summed.
-  returned: always
+  returned: unless O(detach)
   type: int
 output_tokens:
   description: The successful measured requests' C(usage.completion_tokens), summed.
-  returned: always
+  returned: unless O(detach)
   type: int
 duration_s:
   description: The measured wall time, from the first measured request's start to the last one's end.
-  returned: always
+  returned: unless O(detach)
   type: float
 request_tps:
   description: Successful requests per second.
-  returned: always
+  returned: unless O(detach)
   type: float
 input_tps:
   description: Input tokens per second.
-  returned: always
+  returned: unless O(detach)
   type: float
 output_tps:
   description: Output tokens per second.
-  returned: always
+  returned: unless O(detach)
   type: float
 total_tps:
   description: Input and output tokens per second.
-  returned: always
+  returned: unless O(detach)
   type: float
 ttft_ms:
   description: Time to the first token chunk, in milliseconds - C(mean), C(p50), C(p90), C(p99).
-  returned: always
+  returned: unless O(detach)
   type: dict
   sample: {mean: 210.4, p50: 198.2, p90: 260.1, p99: 301.7}
 tpot_ms:
   description: Time per output token after the first (requests of more than one), as RV(ttft_ms).
-  returned: always
+  returned: unless O(detach)
   type: dict
 itl_ms:
   description: Gaps between successive token chunks, as RV(ttft_ms).
-  returned: always
+  returned: unless O(detach)
   type: dict
 e2e_ms:
   description: Whole request latency, as RV(ttft_ms).
-  returned: always
+  returned: unless O(detach)
   type: dict
 samples:
   description:
@@ -363,40 +463,40 @@ samples:
       summaries.
     - C(output_tps) is a request's output tokens over its E2E latency; C(ttft_ms), C(tpot_ms)
       (requests of more than one output token) and C(e2e_ms) are as above.
-  returned: always
+  returned: unless O(detach)
   type: dict
   sample: {output_tps: [512.4, 498.0], ttft_ms: [30.2, 31.5], tpot_ms: [1.9, 2.0], e2e_ms: [499.6, 514.1]}
 weights:
   description: The weights of the score.
-  returned: always
+  returned: unless O(detach)
   type: dict
   sample: {output: 0.83, input: 0.17}
 score:
   description: C(weights.output * output_tps + weights.input * input_tps).
-  returned: always
+  returned: unless O(detach)
   type: float
 concurrency:
   description: The requests in flight at once.
-  returned: always
+  returned: unless O(detach)
   type: int
 warmup:
   description: The warm-up requests that succeeded and failed.
-  returned: always
+  returned: unless O(detach)
   type: dict
 failures:
   description:
     - The first 10 failed requests, the measured ones first, each C(index) (in O(requests)),
       C(warmup) and C(error).
-  returned: always
+  returned: unless O(detach)
   type: list
   elements: dict
 progress_error:
   description: Why the progress file could not be written; null when it could.
-  returned: always
+  returned: unless O(detach)
   type: str
 gate:
   description: The gate and the verdict.
-  returned: always
+  returned: unless O(detach)
   type: dict
   contains:
     score:
@@ -410,17 +510,17 @@ deltas:
     - Against O(compare_with) - for C(score), C(output_tps), C(input_tps), C(ttft_p99_ms),
       C(tpot_p99_ms), each C(before), C(after), C(change) and C(percent) (null where before
       is missing or zero); C(release) names the release compared with.
-  returned: with O(compare_with)
+  returned: with O(compare_with), unless O(detach)
   type: dict
 workload:
   description:
     - The workload measured - C(name), C(file), C(seed), C(requests), C(warmup),
       C(duration_seconds), C(stream); null with O(requests).
-  returned: always
+  returned: unless O(detach)
   type: dict
 release:
   description: The O(release) measured.
-  returned: always
+  returned: unless O(detach)
   type: str
 results_file:
   description:
@@ -431,7 +531,7 @@ results_file:
       C(release), C(host), C(url), C(served_model_name), C(concurrency), C(failures),
       C(started) and C(finished) (UTC), and C(quality) - O(quality), else null for the quality
       gate to fill in (a value already there is kept).'
-  returned: always
+  returned: unless O(detach)
   type: str
 """
 

@@ -25,6 +25,7 @@ from gates_defaults import SCORE_GATE, WEIGHTS
 
 from ansible_collections.biv100.serving.plugins.action import engine_bench as bench_action
 from ansible_collections.biv100.serving.plugins.doc_fragments import engine_endpoint
+from ansible_collections.biv100.serving.plugins.module_utils._state_store import utc_timestamp
 from ansible_collections.biv100.serving.plugins.modules import engine_bench as bench_module
 from ansible_collections.biv100.serving.plugins.plugin_utils._bench_workload import expand, load_workload
 
@@ -103,7 +104,7 @@ class Host:
 
     def real(self, action, module_args):
         if module_args["_job"] == "status":
-            folder = Path(self.started["job_dir"])
+            folder = Path(module_args["_job_dir"])
             self.job_files.append({path.name: path.read_bytes() for path in folder.iterdir()}
                                   if folder.exists() else {})
         args = dict(module_args, _ansible_check_mode=action._task.check_mode)
@@ -135,13 +136,13 @@ def playbook_dir(tmp_path, monkeypatch):
 LEFT_OUT = object()
 
 
-def run_action(args, host, playbook_dir, check_mode=False):
+def run_action(args, host, playbook_dir, check_mode=False, delegate_to=None):
     """The action's result for a task of args, with the competition's weights and gate unless args
     has its own (the gates role passes them) or leaves them out."""
     args = {name: value for name, value in {"weights": WEIGHTS, "gate": SCORE_GATE, **args}.items()
             if value is not LEFT_OUT}
     task = SimpleNamespace(args=args, check_mode=check_mode, async_val=0, action=bench_action.MODULE,
-                           environment=[], no_log=False, diff=False)
+                           environment=[], no_log=False, diff=False, delegate_to=delegate_to)
     connection = SimpleNamespace(_shell=SimpleNamespace(tmpdir=None))
     loader = DataLoader()
     loader.set_basedir(str(playbook_dir))
@@ -376,6 +377,125 @@ def test_requests_of_your_own_are_sent_as_they_are(tmp_path, playbook_dir, shown
     assert result["workload"] is None and result["gate"]["passed"]
 
 
+# ---- detach and attach: two hosts measured at the same time -------------------------------
+
+CANNED_JOB_DIR = "/tmp/biv100-engine-bench-c4nn3d"
+
+
+def test_detach_starts_the_job_and_returns_it_without_following_it(tmp_path, workload, playbook_dir, shown):
+    host = Host(final=figures(5900, 20100), steps=[measuring(1, 6, 0.5, 100, 200)])
+    before = utc_timestamp()
+    result = run_action(args_for(workload, detach=True), host, playbook_dir)
+    assert host.jobs() == ["start"] and shown == []
+    assert result == {
+        "changed": False,
+        "job": {"dir": CANNED_JOB_DIR, "pid": 4242, "started": result["job"]["started"], "label": HOST},
+        "msg": f"{HOST}: the benchmark runs as job biv100-engine-bench-c4nn3d in worker 4242; a task given this "
+               "job as attach takes its result",
+    }, result
+    assert before <= result["job"]["started"] <= utc_timestamp()
+    assert not (playbook_dir / "build").exists()
+
+
+def test_detach_in_check_mode_starts_the_job_as_a_bench_in_check_mode_does(tmp_path, workload, playbook_dir,
+                                                                           shown):
+    host = Host(final=figures(5900, 20100))
+    result = run_action(args_for(workload, detach=True), host, playbook_dir, check_mode=True)
+    assert host.jobs() == ["start"] and result["job"]["pid"] == 4242 and not result.get("failed")
+
+
+def test_a_detached_start_that_fails_fails_the_task(tmp_path, workload, playbook_dir, shown):
+    host = Host()
+    host.canned = lambda module_args: {"failed": True, "msg": "the benchmark worker did not start"}
+    result = run_action(args_for(workload, detach=True), host, playbook_dir)
+    assert result["failed"] and result["msg"] == "the benchmark worker did not start" and "job" not in result
+    assert host.jobs() == ["start"]
+
+
+def detached_job(label=HOST, started=None):
+    return {"dir": CANNED_JOB_DIR, "pid": 4242, "started": started or utc_timestamp(), "label": label}
+
+
+def test_attach_follows_the_job_given_and_starts_none(tmp_path, workload, playbook_dir, shown):
+    job = detached_job()
+    host = Host(final=figures(5900, 20100), steps=[measuring(12, 24, 3.1, 2310.4, 9800.2)])
+    result = run_action(args_for(workload, attach=job, poll_seconds=2), host, playbook_dir)
+    assert host.jobs() == ["status", "status"] and [call["_job_wait"] for call in host.calls] == [1.0, 2]
+    assert all(call["_job_dir"] == CANNED_JOB_DIR for call in host.calls)
+    assert shown == [f"{HOST}: bench 12/24 requests, 3.1 s, output 2310 tok/s, input 9800 tok/s [simulated]"]
+    assert result["msg"] == "score 8314 >= 8000 (output 5900 tok/s, input 20100 tok/s) [simulated]", result["msg"]
+    assert "job" not in result
+    document = json.loads((playbook_dir / "build" / "bench" / "sub510" / f"{HOST}.json").read_text())
+    # The measurement started when the detached task started it.
+    assert document["started"] == job["started"] <= document["finished"]
+    assert document["score"] == pytest.approx(8314.0) and document["samples"]["ttft_ms"] == [9.0] * 24
+
+
+def test_the_time_limit_of_an_attached_job_counts_from_its_start(tmp_path, workload, playbook_dir, shown,
+                                                                 monkeypatch):
+    monkeypatch.setattr(bench_action, "time_limit", lambda module_args: 600)
+    an_hour_ago = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(time.time() - 3600))
+    host = Host(final=figures(5900, 20100), steps=[measuring(1, 6, 0.5, 100, 200)] * 3)
+    with pytest.raises(AnsibleActionFail, match=re.escape(
+            f"{HOST}: the benchmark job biv100-engine-bench-c4nn3d did not end within 600 s")):
+        run_action(args_for(workload, attach=detached_job(started=an_hour_ago)), host, playbook_dir)
+    assert host.jobs() == ["status", "stop"]
+
+
+def test_an_attached_job_whose_following_fails_is_stopped(tmp_path, workload, playbook_dir, shown, monkeypatch):
+    warned = []
+    monkeypatch.setattr(bench_action.display, "warning", lambda message, *args, **kwargs: warned.append(message))
+    host = Host(final=figures(5900, 20100), steps=[measuring(1, 6, 0.5, 100, 200)] * 3, fail_calls=(2,))
+    with pytest.raises(AnsibleConnectionFailure, match="connection lost"):
+        run_action(args_for(workload, attach=detached_job()), host, playbook_dir)
+    assert host.jobs() == ["status", "status", "stop"] and host.calls[-1]["_job_dir"] == CANNED_JOB_DIR
+    assert warned == [] and not (playbook_dir / "build").exists()
+
+
+def test_a_job_of_another_label_is_refused_naming_both(tmp_path, workload, playbook_dir):
+    job = detached_job(label=f"{HOST}/vllm-2")
+    refused(args_for(workload, attach=job, label=f"{HOST}/vllm-1"), tmp_path, playbook_dir, re.escape(
+        f"attach: the benchmark job biv100-engine-bench-c4nn3d measures {HOST}/vllm-2, not {HOST}/vllm-1 "
+        "(this task's label)"))
+    refused(args_for(workload, attach=job), tmp_path, playbook_dir, re.escape(f"measures {HOST}/vllm-2, not {HOST} "))
+
+
+def test_a_job_whose_start_is_not_a_utc_timestamp_is_refused(tmp_path, workload, playbook_dir):
+    refused(args_for(workload, attach=detached_job(started="yesterday")), tmp_path, playbook_dir, re.escape(
+        "attach: the benchmark job biv100-engine-bench-c4nn3d: started must be the UTC timestamp its detached "
+        "task returned (such as 2026-01-31T12:00:00Z), got 'yesterday'"))
+
+
+@pytest.mark.parametrize("detach", [True, False])
+def test_detach_and_attach_together_are_refused(tmp_path, workload, playbook_dir, detach):
+    args = args_for(workload, detach=detach, attach=detached_job())
+    if detach:
+        refused(args, tmp_path, playbook_dir, "detach and attach exclude each other")
+    else:
+        # detach false is no detach: the job is followed.
+        host = Host(final=figures(5900, 20100))
+        run_action(args, host, playbook_dir)
+        assert host.jobs() == ["status"]
+
+
+def test_a_job_that_is_not_a_detached_tasks_is_refused(tmp_path, workload, playbook_dir):
+    refused(args_for(workload, attach={"dir": CANNED_JOB_DIR, "pid": 4242}), tmp_path, playbook_dir,
+            "missing required arguments: label, started found in attach")
+
+
+def test_a_delegated_task_measures_and_names_the_host_it_is_delegated_to(tmp_path, workload, playbook_dir, shown):
+    host = Host(final=figures(5900, 20100))
+    started = run_action(args_for(workload, detach=True), host, playbook_dir, delegate_to="lab-h2")
+    assert started["job"]["label"] == "lab-h2" and started["msg"].startswith("lab-h2: ")
+    result = run_action(args_for(workload, attach=started["job"]), host, playbook_dir, delegate_to="lab-h2")
+    assert host.jobs() == ["start", "status"]
+    assert result["results_file"] == str(playbook_dir / "build" / "bench" / "sub510" / "lab-h2.json")
+    # The play's host is not the one measured.
+    with pytest.raises(AnsibleActionFail, match=re.escape("label must be lab-h2 or lab-h2/<instance> (a plain name "
+                                                          f"such as vllm-1), got '{HOST}'")):
+        run_action(args_for(workload, label=HOST), Host(final=figures(1, 1)), playbook_dir, delegate_to="lab-h2")
+
+
 # ---- refusals before anything is sent ------------------------------------------------------
 
 def refused(args, tmp_path, playbook_dir, match):
@@ -534,6 +654,29 @@ def test_a_follow_that_fails_stops_the_worker_and_removes_its_job(tmp_path, work
     assert host.jobs() == ["start", "status", "status", "stop"]
     assert worker_gone(host.started["pid"]) and not os.path.exists(host.started["job_dir"])
     assert len(received) < 7 and not (playbook_dir / "build").exists()
+
+
+def test_a_detached_job_of_the_real_module_runs_between_tasks_and_attach_takes_it(
+        tmp_path, workload, playbook_dir, shown, engine, module_process):
+    url, received = engine(delay=0.05)
+    starting = Host(module_process=module_process)
+    detached = run_action(args_for(workload, url=url, detach=True), starting, playbook_dir)
+    job = detached["job"]
+    assert starting.jobs() == ["start"] and shown == [] and os.path.isdir(job["dir"])
+    # The worker measures with no task following it.
+    deadline = time.monotonic() + 10
+    while len(received) < 7 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert len(received) == 7  # the warm-up request and the six measured
+    following = Host(module_process=module_process)
+    result = run_action(args_for(workload, url=url, attach=job), following, playbook_dir)
+    assert not result.get("failed"), result
+    assert "start" not in following.jobs() and "stop" not in following.jobs()
+    assert result["requests"] == {"ok": 6, "failed": 0} and result["output_tokens"] == 6 * 8
+    assert len(received) == 7  # nothing sent twice
+    assert not os.path.exists(job["dir"]) and worker_gone(job["pid"])
+    document = json.loads((playbook_dir / "build" / "bench" / "sub510" / f"{HOST}.json").read_text())
+    assert document["started"] == job["started"] and len(document["samples"]["e2e_ms"]) == 6
 
 
 def test_a_worker_that_cannot_be_stopped_is_named_in_a_warning(tmp_path, workload, playbook_dir, shown,
