@@ -11,8 +11,8 @@ The plan (canary_plan), decided before any host changes:
   is the canary alone (nothing waits on its verdict), or when the canary has nothing to change;
 - else the baseline is the first host after the canary, in rollout order, that runs the release
   the canary runs now (good, or the vendor's files when it has none), with as many GPUs and the
-  same engine instances: measured in the same window, side by side with the canary (`same
-  window`). serving_canary_baseline names one, which must be such a host;
+  same engine instances, all of them running: measured in the same window, side by side with
+  the canary (`same window`). serving_canary_baseline names one, which must be such a host;
 - where no host is, the canary's own figures recorded with that release (`historical`): the
   weaker kind, since the two were not measured under the same conditions.
 
@@ -204,7 +204,8 @@ def decide(order, hosts: dict, *, enabled: bool, measured: bool, first_batch: in
     `order` is the rollout's hosts, canary first; `hosts` maps each to what the plan reads of it:
     takes_part, release ({id, status} of what it runs now, id null on the vendor's files), gpus
     (its GPU count), instances (its engine instances' names) and gates (what its current release
-    recorded). `baseline` is the host serving_canary_baseline names.
+    recorded), and serving (the names of the collection's engines running on it).
+    `baseline` is the host serving_canary_baseline names.
     """
     order = list(order)
     if not order:
@@ -239,6 +240,9 @@ def decide(order, hosts: dict, *, enabled: bool, measured: bool, first_batch: in
         if sorted(other.get("instances") or ()) != sorted(info.get("instances") or ()):
             return (f"its engine instances ({', '.join(other.get('instances') or ())}) are not the canary's "
                     f"({', '.join(info.get('instances') or ())})")
+        idle = sorted(set(other.get("instances") or ()) - set(other.get("serving") or ()))
+        if idle:
+            return f"its engine{'s' if len(idle) > 1 else ''} {', '.join(idle)} {'do' if len(idle) > 1 else 'does'} not run"
         return None
 
     if baseline:
@@ -253,9 +257,9 @@ def decide(order, hosts: dict, *, enabled: bool, measured: bool, first_batch: in
     recorded_benches = [recorded_instance(info.get("gates"), name).get("bench") for name in info.get("instances") or ()]
     if release.get("id") and recorded_benches and all(recorded_benches):
         return chosen(canary, None, HISTORICAL, release)
-    return skipped(canary, f"no host runs {release.get('id') or 'the vendor files'} on {info.get('gpus')} GPUs "
-                           f"with the canary's instances, and {release.get('id') or 'the vendor files'} recorded no "
-                           "bench on the canary")
+    return skipped(canary, f"no host serves {release.get('id') or 'the vendor files'} on {info.get('gpus')} GPUs "
+                           f"with the canary's engine instances, and {release.get('id') or 'the vendor files'} "
+                           "recorded no bench on the canary")
 
 
 def skipped(canary, why: str) -> dict:
@@ -276,10 +280,12 @@ def rollout_hosts(order, hostvars) -> dict:
         variables = hostvars[name]
         current = (variables.get("stage_plan") or {}).get("current_release") or {}
         record = current.get("record") or {}
+        gpus = (variables.get("ansible_facts") or {}).get("gpu_facts") or {}
         hosts[name] = {
             "takes_part": bool(variables.get("serving_takes_part")),
             "release": {"id": current.get("id"), "status": record.get("status")},
-            "gpus": ((variables.get("ansible_facts") or {}).get("gpu_facts") or {}).get("count"),
+            "gpus": gpus.get("count"),
+            "serving": [engine.get("name") for engine in gpus.get("engines") or ()],
             "instances": [instance["name"] for instance in variables.get("engine_host_instances") or ()],
             "gates": record.get("gates"),
         }

@@ -25,9 +25,9 @@ MARGINS = {"margin": 0.02, "request_margin": 0.10, "quality_margin": 0.04, "pass
            "marginal_score": 50, "confidence": 0.98}
 
 
-def host(release="sub510", status="good", gpus=4, instances=("vllm",), takes_part=True, gates=None):
+def host(release="sub510", status="good", gpus=4, instances=("vllm",), takes_part=True, gates=None, serving=None):
     return {"takes_part": takes_part, "release": {"id": release, "status": status}, "gpus": gpus,
-            "instances": list(instances), "gates": gates}
+            "instances": list(instances), "gates": gates, "serving": list(instances if serving is None else serving)}
 
 
 def fleet(**overrides):
@@ -40,6 +40,8 @@ def test_the_baseline_is_the_next_host_on_the_canarys_release_with_its_gpus_and_
     hosts = fleet(h2=host(gpus=8), h3=host(release="sub509"))
     plan = canary_plan(["h1", "h2", "h3", "h4"], hosts)
     assert plan["analyse"] and (plan["baseline"], plan["kind"], plan["release"]) == ("h4", SAME_WINDOW, "sub510")
+    stopped = canary_plan(["h1", "h2"], fleet(h2=host(serving=())), baseline="h2")
+    assert stopped["error"].endswith("cannot be h1's baseline: its engine vllm does not run")
     assert plan["settings"] == SETTINGS and "error" not in plan
     assert plan["why"] == "against h4 (same window, sub510)"
 
@@ -53,10 +55,13 @@ def test_a_named_baseline_must_qualify_and_is_refused_naming_why():
     assert "it is the canary" in canary_plan(["h1", "h2"], hosts, baseline="h1")["error"]
 
 
-def test_hosts_on_vendor_files_compare_with_each_other():
+def test_hosts_serving_the_vendor_files_compare_with_each_other_and_a_fleet_never_deployed_is_not_judged():
     hosts = fleet(h1=host(release=None, status=None), h2=host(release=None, status=None))
     plan = canary_plan(["h1", "h2", "h3"], hosts)
     assert (plan["baseline"], plan["release"]) == ("h2", None) and "vendor files" in plan["why"]
+    idle = {name: host(release=None, status=None, serving=()) for name in ("h1", "h2")}
+    first = canary_plan(["h1", "h2"], idle)
+    assert not first["analyse"] and first["why"].startswith("no host serves the vendor files on 4 GPUs")
 
 
 def test_without_a_host_to_compare_the_canarys_own_record_is_the_weaker_historical_baseline():

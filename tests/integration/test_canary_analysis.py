@@ -1,0 +1,167 @@
+"""The canary analysis on the lab: after the canary cleared every gate, it is benched side by side
+with the next host of the rollout, still on the fleet's release, and judged against it. The same
+release passes; a canary 10 % slower fails and is rolled back with the fleet untouched; one
+slower within the margin passes; noise too high for the samples is inconclusive and stops the
+rollout before the next batch, unless accepted. Only the canary ever runs a rejected release.
+Every figure is the lab's stand-in's, and says so."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+import yaml
+from lab_files import REPO, STATE, current_release, engine_pids, host_state
+from playbook_runs import ONE_BATCH, run_playbook
+
+pytestmark = pytest.mark.lab
+
+DEPLOY = "deploy.yml"
+JUDGE_TASK = "Judge the canary against its baseline"
+# The competition's gates: the analysis compares what the throughput gate measures.
+GATES = yaml.safe_load((REPO / "roles" / "gates" / "defaults" / "main.yml").read_text())["gates_competition"]
+STANDIN_ENV = yaml.safe_load((REPO / "inventory" / "lab" / "group_vars" / "biv100.yml").read_text())["engine_env"]
+DECODE_TPS = float(STANDIN_ENV["BIV100_STANDIN_DECODE_TPS"])
+PREFILL_TPS = float(STANDIN_ENV["BIV100_STANDIN_PREFILL_TPS"])
+
+
+def per_host(variables: dict) -> dict:
+    """Extra variables that give each named host's stand-in its own environment variables."""
+    return {"standin_env": STANDIN_ENV, "standin_hosts": variables,
+            "engine_env": "{{ standin_env | combine(standin_hosts[inventory_hostname] | default({})) }}"}
+
+
+def slower(fraction: float) -> dict:
+    """A stand-in `fraction` slower in both prefill and decode."""
+    return {"BIV100_STANDIN_DECODE_TPS": str(DECODE_TPS * (1 - fraction)),
+            "BIV100_STANDIN_PREFILL_TPS": str(PREFILL_TPS * (1 - fraction))}
+
+
+def deploy(lab, tmp_path, release, **extravars):
+    return run_playbook(DEPLOY, lab.inventory_path, tmp_path, extravars={
+        "serving_release": release, "serving_gates": GATES, **extravars})
+
+
+def analysis(run, canary) -> dict:
+    """The canary's last analysis in the run."""
+    return [result for result in run.results(canary.name, JUDGE_TASK) if "verdict" in result][-1]
+
+
+def said(run) -> str:
+    """What the run printed without its colours, its lines joined as the YAML callback may fold a
+    message."""
+    return " ".join(re.sub(r"\x1b\[[0-9;]*m", "", run.stdout()).split())
+
+
+def releases_of(host) -> set[str]:
+    return {path.name for path in host.path(f"{STATE}/releases").iterdir()}
+
+
+@pytest.fixture(scope="module")
+def fleet(lab, tmp_path_factory):
+    """sub600 on every host, in one batch: no canary goes first, so nothing is analysed."""
+    run = deploy(lab, tmp_path_factory.mktemp("fleet"), "sub600", **ONE_BATCH)
+    assert run.rc == 0, run.stats
+    # (The YAML callback doubles the apostrophe of "rollout's".)
+    assert "canary analysis skipped: the rollout''s first batch holds 4 hosts" in said(run)
+    return run
+
+
+def test_the_same_release_on_canary_and_baseline_passes_and_the_rollout_goes_on(lab, fleet, tmp_path):
+    canary, baseline = lab.hosts[0], lab.hosts[1]
+
+    run = deploy(lab, tmp_path, "sub601")
+
+    assert run.rc == 0, run.stats
+    assert f"canary analysis of {canary.name} against {baseline.name} (same window, sub600), 3 to 6 trials" \
+        in said(run)
+    judged = analysis(run, canary)
+    assert (judged["verdict"], judged["score"], judged["trials"]) == ("pass", 100.0, 3) and judged["simulated"]
+    assert judged["baseline"] == {"host": baseline.name, "kind": "same window", "release": "sub600"}
+    metrics = {metric["name"]: metric for metric in judged["metrics"]}
+    # Three bench runs a side, 24 requests each; the quality set and the probes once a side.
+    assert (metrics["score"]["canary"]["count"], metrics["ttft_ms"]["baseline"]["count"]) == (3, 72)
+    assert metrics["probes"]["baseline"]["median"] == 1.0 and metrics["quality"]["canary"]["median"] == 1.0
+    for host in lab.hosts:
+        assert current_release(host)["id"] == "sub601" and current_release(host)["status"] == "good"
+    kept = current_release(canary)["gates"]["canary"]
+    assert kept["verdict"] == "pass" and kept["baseline"]["host"] == baseline.name
+    assert "canary" not in current_release(baseline)["gates"]
+    written = json.loads((REPO / "build" / "canary" / "sub601" / f"{canary.name}.json").read_text())
+    assert len(written["samples"]["canary"]["e2e_ms"]) == len(written["samples"]["baseline"]["e2e_ms"]) == 72
+    (line,) = [json.loads(text) for text in (tmp_path / "ledger" / "ledger.jsonl").read_text().splitlines()
+               if json.loads(text)["host"] == canary.name]
+    assert line["canary"]["verdict"] == "pass"
+    # The gates' figures in the ledger stay the canary's own gate bench, not the analysis' runs.
+    assert line["bench"]["score"] == current_release(canary)["gates"]["instances"]["vllm"]["bench"]["score"]
+    releases = run.stdout().split("RELEASES")[-1]
+    assert f"canary pass, score 100 vs {baseline.name} (same window, sub600), 3 trials [simulated]" in releases
+
+
+def test_a_canary_ten_percent_slower_fails_and_only_the_canary_ever_ran_it(lab, fleet, tmp_path):
+    canary, others = lab.hosts[0], lab.hosts[1:]
+    before, pids = host_state(lab), engine_pids(lab)
+    on_others = {key: value for key, value in before.items() if not key.startswith(f"{canary.name}:")}
+
+    run = deploy(lab, tmp_path, "sub602", **per_host({canary.name: slower(0.10)}))
+
+    assert run.rc != 0 and run.hosts_with("failures") == {canary.name}
+    (message,) = [text for text in run.failure_messages(canary.name) if "rolled back to" in text]
+    # Three trials a side give the exact test's 90 %, not the 98 % asked: the line says so.
+    assert re.match(rf"{canary.name}: the canary phase failed at 'Hold the canary to its baseline': canary: "
+                    r"score -\d+\.\d % \[-\d+\.\d, -\d+\.\d\] \(90 % interval\) < -2 %", message), message
+    assert "rolled back to sub601, engine healthy" in message
+    judged = analysis(run, canary)
+    assert (judged["verdict"], judged["score"]) == ("fail", 0.0)
+    assert {metric["name"]: metric["classification"] for metric in judged["metrics"]}["score"] == "Low"
+    # The canary is back on the release it had; the fleet never changed.
+    assert current_release(canary)["id"] == "sub601"
+    failed = json.loads(canary.path(f"{STATE}/releases/sub602/release.json").read_text())
+    assert failed["status"] == "failed" and failed["gates"]["canary"]["verdict"] == "fail"
+    assert {key: value for key, value in host_state(lab).items() if not key.startswith(f"{canary.name}:")} == on_others
+    assert {name: pid for name, pid in engine_pids(lab).items() if name != canary.name} == \
+        {name: pid for name, pid in pids.items() if name != canary.name}
+    assert all("sub602" not in releases_of(host) for host in others)
+
+
+def test_a_canary_slower_within_the_margin_passes(lab, fleet, tmp_path):
+    canary = lab.hosts[0]
+
+    run = deploy(lab, tmp_path, "sub603", serving_canary_margin=0.06, **per_host({canary.name: slower(0.02)}))
+
+    assert run.rc == 0, run.stats
+    judged = analysis(run, canary)
+    score = {metric["name"]: metric for metric in judged["metrics"]}["score"]
+    # Measured slower, by less than the margin the run allowed.
+    assert judged["verdict"] == "pass" and -6 < score["interval_pct"][0] and score["shift_pct"] < 0
+    assert all(current_release(host)["id"] == "sub603" for host in lab.hosts)
+
+
+def test_noise_too_high_for_the_samples_is_inconclusive_and_stops_before_the_next_batch(lab, fleet, tmp_path):
+    canary, others = lab.hosts[0], lab.hosts[1:]
+    noisy = {host.name: {"BIV100_STANDIN_JITTER": "0.5", "BIV100_STANDIN_SEED": str(index)}
+             for index, host in enumerate(lab.hosts)}
+    before = {key: value for key, value in host_state(lab).items() if not key.startswith(f"{canary.name}:")}
+
+    run = deploy(lab, tmp_path, "sub604", serving_canary_trials=1, serving_canary_max_trials=2, **per_host(noisy))
+
+    assert run.rc != 0 and run.hosts_with("failures") == {canary.name}
+    judged = analysis(run, canary)
+    assert judged["verdict"] == "inconclusive" and judged["trials"] == 2
+    assert any("too few samples" in reason for reason in judged["reasons"])
+    (message,) = [text for text in run.failure_messages(canary.name) if "rolled back to" in text]
+    assert "(inconclusive after 2 trials: the rollout stops before the next batch; measure again, or let it go on " \
+           "with -e serving_canary_accept=inconclusive)" in message
+    assert current_release(canary)["id"] == "sub603"
+    assert {key: value for key, value in host_state(lab).items() if not key.startswith(f"{canary.name}:")} == before
+    assert all("sub604" not in releases_of(host) for host in others)
+
+    (tmp_path / "accepted").mkdir()
+    accepted = deploy(lab, tmp_path / "accepted", "sub605", serving_canary_trials=1, serving_canary_max_trials=2,
+                      serving_canary_accept="inconclusive", **per_host(noisy))
+
+    assert accepted.rc == 0, accepted.stats
+    judged = analysis(accepted, canary)
+    assert judged["verdict"] == "inconclusive" and judged["accepted"] and judged["promote"]
+    assert all(current_release(host)["id"] == "sub605" for host in lab.hosts)
