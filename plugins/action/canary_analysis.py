@@ -55,7 +55,7 @@ ARGUMENT_SPEC = {
     "trials": {"type": "int", "required": True},
     "margin": {"type": "float", "default": 0.02},
     "request_margin": {"type": "float", "default": 0.10},
-    "quality_margin": {"type": "float", "default": 0.04},
+    "quality_margin": {"type": "float", "required": True},
     "pass_score": {"type": "float", "default": 75},
     "marginal_score": {"type": "float", "default": 50},
     "confidence": {"type": "float", "default": 0.98},

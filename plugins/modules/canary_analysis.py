@@ -28,8 +28,8 @@ description:
     below -margin for a throughput or score, C(High) when it lies above +margin for a latency,
     C(NoData) without samples on a side, else C(Pass), which is conclusive only when the interval
     stays within the margin.
-  - The score is Kayenta's weighted sum over the groups throughput (50), latency (30), quality
-    (10) and functional (10). C(score), C(quality) and C(probes) are critical, a regression of
+  - The score is Kayenta's weighted sum over the groups throughput (50), latency (30) and
+    correctness (20, the quality set and the probes). C(score), C(quality) and C(probes) are critical, a regression of
     one makes the score 0. Below O(marginal_score) the verdict is C(fail), below O(pass_score)
     C(marginal), else C(pass); C(inconclusive) instead of those two when an interval is too wide
     for its margin or a critical metric has no data.
@@ -124,9 +124,9 @@ options:
     type: float
     default: 0.10
   quality_margin:
-    description: The drop allowed to the quality score, as the quality gate's bound.
+    description: The drop allowed to the quality score, the quality gate's bound.
     type: float
-    default: 0.04
+    required: true
   pass_score:
     description: The lowest score that passes.
     type: float
@@ -188,6 +188,7 @@ EXAMPLES = r"""
     canary: {host: gpu1, release: sub511, benches: "{{ canary_benches }}"}
     baseline: {host: gpu2, release: sub510, benches: "{{ baseline_benches }}"}
     trials: 3
+    quality_margin: 0.04
   register: analysis
 
 - name: Stop unless the rollout may go on

@@ -40,8 +40,9 @@ HISTORICAL = "historical"
 # Where each metric's samples come from: a bench run's figure, or the list of a bench run's samples.
 RUN_FIGURES = ("score", "output_tps")
 REQUEST_FIGURES = {"request_output_tps": "output_tps", "ttft_ms": "ttft_ms", "tpot_ms": "tpot_ms", "e2e_ms": "e2e_ms"}
-# Kayenta's groups and their weights, out of 100.
-WEIGHTS = {"throughput": 50, "latency": 30, "quality": 10, "functional": 10}
+# Kayenta's groups and their weights, out of 100: what the engine makes, how long its answers
+# take, and whether they are right (the quality set and the probes).
+WEIGHTS = {"throughput": 50, "latency": 30, "correctness": 20}
 VERDICTS_ACCEPTABLE = ("marginal", "inconclusive")
 # The analysis' settings, by the name of their variable (serving_canary_<name>): Kayenta's
 # thresholds; three bench runs a side, 72 requests with the lab's workload, beyond the 50 points
@@ -60,8 +61,8 @@ def metrics(margin: float, request_margin: float, quality_margin: float) -> list
         Metric("ttft_ms", "lower", request_margin, "latency"),
         Metric("tpot_ms", "lower", request_margin, "latency"),
         Metric("e2e_ms", "lower", request_margin, "latency"),
-        Metric("quality", "higher", quality_margin, "quality", critical=True, exact=True),
-        Metric("probes", "higher", 0.0, "functional", critical=True, exact=True),
+        Metric("quality", "higher", quality_margin, "correctness", critical=True, exact=True),
+        Metric("probes", "higher", 0.0, "correctness", critical=True, exact=True),
     ]
 
 
