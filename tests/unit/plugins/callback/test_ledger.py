@@ -419,3 +419,31 @@ def test_each_instance_of_a_host_gets_its_line_named_host_slash_instance(ledger,
     shown = capsys.readouterr().out.split("RELEASES", 1)[1].strip("* \n").splitlines()
     assert [line.split(":")[0] for line in shown] == ["h1", "h5/vllm-1", "h5/vllm-2"]
     assert "75/75 probes passed on vllm-2" in shown[2]
+
+
+def test_the_canary_analysis_has_its_own_line_and_its_measurements_are_not_the_gates(ledger, capsys):
+    ledger.v2_runner_on_ok(task_result("h1", "Stage the payload", "biv100.serving.serving_overlay",
+                                       {"release": "sub511", "payload_digest": "ab12", "changed_files": []}))
+    ledger.v2_runner_on_ok(task_result("h1", "Benchmark the engine", "biv100.serving.engine_bench", BENCH_RESULT))
+    ledger.v2_runner_on_ok(task_result("h1", "Enter the canary phase", "ansible.builtin.set_fact",
+                                       {"ansible_facts": {"serving_phase": "canary", "serving_phase_instance": ""}}))
+    # The analysis' own runs, its baseline's among them, measured other figures.
+    ledger.v2_runner_on_ok(task_result("h1", "Follow the baseline's benches", "biv100.serving.engine_bench",
+                                       {**BENCH_RESULT, "score": 1.0}))
+    ledger.v2_runner_on_ok(task_result("h1", "Probe the baseline", "biv100.serving.engine_probe",
+                                       {"summary": "1/2 probes passed", "probes": []}))
+    metric = {"name": "score", "group": "throughput", "better": "higher", "margin_pct": 2.0, "critical": True,
+              "classification": "Low", "conclusive": True, "shift_pct": -8.8, "interval_pct": [-9.3, -8.3],
+              "confidence": 0.9, "p_value": 0.1, "u": 0.0, "canary": {"count": 3}, "baseline": {"count": 3}}
+    ledger.v2_runner_on_ok(task_result("h1", "Judge the canary", "biv100.serving.canary_analysis", {
+        "verdict": "fail", "score": 0.0, "accepted": False, "promote": False, "trials": 3, "simulated": True,
+        "baseline": {"host": "h2", "kind": "same window", "release": "sub510"}, "thresholds": {"pass": 75, "marginal": 50},
+        "reasons": ["score -8.8 % [-9.3, -8.3] (90 % interval) < -2 %"], "metrics": [metric], "msg": "h1: ..."}))
+
+    (line,) = ledger.end("h1")
+
+    assert line["bench"]["score"] == BENCH_RESULT["score"] and "probes" not in line
+    assert line["canary"]["verdict"] == "fail" and line["canary"]["baseline"]["host"] == "h2"
+    assert "u" not in line["canary"]["metrics"][0] and "promote" not in line["canary"]
+    shown = capsys.readouterr().out.split("RELEASES", 1)[1]
+    assert "canary fail, score 0 vs h2 (same window, sub510), 3 trials [simulated]" in shown
