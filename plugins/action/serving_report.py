@@ -6,8 +6,9 @@
 Reads <ledger dir>/ledger.jsonl, where the ledger callback writes it, and renders the PNG plots
 and index.html of plugins/plugin_utils/_report.py into build/report/<fleet>/ at the project
 root. Nothing runs on a host and no connection is opened. A file whose bytes would not change is
-not written, so a second run with the same ledger reports changed=false; check mode writes
-nothing and says what would change.
+not written, so a second run with the same ledger reports changed=false; a canary plot whose
+analysis is no longer in the ledger is removed; check mode writes and removes nothing and says
+what would change.
 
 The ledger folder is the one the callback would use in this run, found as the callback finds
 it (plugin_utils/_ledger_location.py): the task's ledger_dir, else the variable
@@ -37,10 +38,12 @@ from ansible_collections.biv100.serving.plugins.plugin_utils._ledger_location im
 )
 from ansible_collections.biv100.serving.plugins.plugin_utils._project_folder import fleet, project_root
 from ansible_collections.biv100.serving.plugins.plugin_utils._report import (
+    CANARY_PLOT_PREFIX,
     INDEX,
-    PLOTS,
+    PLOT_SUFFIX,
     ReportError,
     load_ledger,
+    plot_names,
     render,
     rows,
 )
@@ -86,6 +89,20 @@ def write_changed(dest: Path, files: dict[str, bytes], check: bool) -> list[str]
     return changed
 
 
+def remove_stale(dest: Path, files: dict[str, bytes], check: bool) -> list[str]:
+    """Remove each canary plot in dest that the render no longer has (its analysis left the
+    ledger), so that the folder holds what the page shows; the names of those removed. No other
+    file of dest is touched."""
+    if not dest.is_dir():
+        return []
+    stale = sorted(path.name for path in dest.glob(f"{CANARY_PLOT_PREFIX}*{PLOT_SUFFIX}")
+                   if path.name not in files and path.is_file() and not path.is_symlink())
+    if not check:
+        for name in stale:
+            (dest / name).unlink()
+    return stale
+
+
 class ActionModule(ActionBase):
     TRANSFERS_FILES = False
     # The ledger and the report are on the controller: no host is contacted.
@@ -119,18 +136,20 @@ class ActionModule(ActionBase):
         table = rows(lines)
         try:
             changed = write_changed(dest, files, bool(self._task.check_mode))
+            removed = remove_stale(dest, files, bool(self._task.check_mode))
         except OSError as error:
             raise AnsibleActionFail(f"the report could not be written to {dest}: {error}") from None
 
         releases = list(dict.fromkeys(row.release for row in table))
         hosts = list(dict.fromkeys(row.host for row in table))
         result.update(
-            changed=bool(changed),
+            changed=bool(changed or removed),
             ledger=str(ledger),
             dest=str(dest),
             index=str(dest / INDEX),
-            plots=[str(dest / name) for name in PLOTS],
+            plots=[str(dest / name) for name in plot_names(files)],
             files_changed=changed,
+            files_removed=removed,
             releases=releases,
             hosts=hosts,
             msg=(f"{len(releases)} releases on {len(hosts)} hosts from {len(lines)} lines of {ledger}: "

@@ -17,16 +17,31 @@ version_added: 0.2.0
 description:
   - Reads the fleet's deployment ledger (C(ledger.jsonl), written by the
     P(biv100.serving.ledger#callback) callback) on the controller and renders into O(dest) three
-    PNG plots and a static C(index.html) that shows them with a table of the releases.
+    PNG plots of the releases' figures, a PNG plot per canary analysis, and a static
+    C(index.html) that shows them with a table of the releases and one of the canary analyses.
   - C(score.png) - the weighted throughput score per release and host, with the throughput
     gate's line, both as the figures recorded them (the competition's weights are 0.83 x output
     tok/s + 0.17 x input tok/s, its gate a score of 8000).
   - C(latency.png) - TTFT and TPOT p50, p90 and p99 per release and host.
   - C(quality.png) - the quality score's deviation from the baseline release per release and
     host, with the quality gate's band as the figures recorded it (the competition's is +/-4 %).
-  - C(index.html) - the plots, and one table row per release and host - release, host, state,
+  - C(canary-<release>.png) - one per canary analysis the ledger recorded (the C(canary) of the
+    canary host's line), named after the release it judged (characters other than letters,
+    digits, C(.), C(_) and C(-) replaced by C(_); a later analysis of the same release is
+    C(canary-<release>-2.png), and so on). Per metric, a panel of two box plots drawn from the
+    quartiles the analysis recorded (p25 to p75, the median, whiskers from the minimum to the
+    maximum, the mean), the baseline's beside the canary's, titled with the metric's
+    classification, shift and interval (C(score Low -9.2 % [-9.5, -9.0])), with a dashed line
+    where the metric's margin from the baseline's median lies; the figure's title gives the
+    verdict, the score, the thresholds, the baseline host and release, and the baseline's kind
+    (C(same window), or C(historical) - the canary's own figures recorded with that release).
+    An analysis on a host of several engine instances is drawn once. A ledger without a canary
+    analysis gives no canary plot, and the page says that there is none.
+  - C(index.html) - the plots, one table row per release and host - release, host, state,
     score, output tok/s, TTFT p99, quality, and the gates' verdicts (functional, quality,
-    throughput). No JavaScript and nothing from elsewhere; the PNG files sit beside it.
+    throughput) - and one table row per canary analysis - release, canary host, baseline host,
+    kind and release, verdict, score, trials, reasons - above its plot. No JavaScript and
+    nothing from elsewhere; the PNG files sit beside it.
   - Releases are in the order they first appear in the ledger. A release and host get one point
     in a plot when the ledger recorded that figure for them (the last line of the pair that has
     it counts); a release without figures is in the table and in no plot. The figures of a line
@@ -34,10 +49,12 @@ description:
     were measured on.
   - A figure measured on the lab's engine stand-in (C(simulated) in the ledger) is drawn hollow,
     named simulated in the plot's title and legend, and marked C((sim)) in the table, as in
-    C(LEDGER.md).
+    C(LEDGER.md); so is a simulated canary analysis, its boxes hollow.
   - The same ledger gives byte-identical files (fixed size, DPI and font, matplotlib's defaults
     rather than the machine's C(matplotlibrc), no software or time stamp in the PNG files). A file
-    whose bytes would not change is not written, so a second run reports no change.
+    whose bytes would not change is not written, so a second run reports no change. A
+    C(canary-*.png) in O(dest) that the ledger no longer has an analysis for is removed; no other
+    file there is touched.
   - Nothing runs on a host and no connection is opened; C(playbooks/report.yml) (C(make report))
     runs it on C(localhost) with any inventory.
 requirements:
@@ -74,7 +91,7 @@ attributes:
     support: none
   check_mode:
     support: full
-    details: Writes nothing, and says which files would change.
+    details: Writes and removes nothing, and says which files would change or be removed.
   connection:
     support: none
   delegation:
@@ -119,18 +136,28 @@ index:
   type: str
   sample: /work/project/build/report/lab/index.html
 plots:
-  description: The PNG plots - weighted score, latency percentiles, quality deviation.
+  description:
+    - The PNG plots - weighted score, latency percentiles, quality deviation, then one per canary
+      analysis in the ledger's order (none when the ledger has none).
   returned: success
   type: list
   elements: str
   sample: [/work/project/build/report/lab/score.png, /work/project/build/report/lab/latency.png,
-           /work/project/build/report/lab/quality.png]
+           /work/project/build/report/lab/quality.png, /work/project/build/report/lab/canary-sub510.png]
 files_changed:
   description: The names of the files that were written (in check mode, that would be).
   returned: success
   type: list
   elements: str
-  sample: [index.html, score.png]
+  sample: [index.html, score.png, canary-sub510.png]
+files_removed:
+  description:
+    - The names of the canary plots removed from O(dest) because the ledger no longer has their
+      analysis (in check mode, that would be).
+  returned: success
+  type: list
+  elements: str
+  sample: [canary-sub509.png]
 releases:
   description: The releases in the report, in the order they first appear in the ledger.
   returned: success

@@ -96,6 +96,42 @@ def test_a_new_ledger_line_changes_what_it_changes_and_check_mode_writes_nothing
     assert fresh["changed"] and not (tmp_path / "new").exists()
 
 
+def canary(verdict):
+    """A canary analysis as the ledger callback records it on the canary host's line."""
+    side = {"count": 3, "min": 1.0, "p25": 2.0, "median": 3.0, "p75": 4.0, "max": 5.0, "mean": 3.0}
+    return {"verdict": verdict, "score": 100.0, "accepted": False, "trials": 3,
+            "baseline": {"host": "h2", "kind": "same window", "release": "sub168"}, "reasons": [],
+            "thresholds": {"pass": 75.0, "marginal": 50.0}, "simulated": True,
+            "metrics": [{"name": "score", "group": "throughput", "better": "higher", "margin_pct": 2.0,
+                         "critical": True, "classification": "Pass", "conclusive": True, "shift_pct": 0.0,
+                         "interval_pct": [-1.0, 1.0], "confidence": 0.9, "p_value": 1.0,
+                         "canary": side, "baseline": side}]}
+
+
+def test_a_canary_plot_is_returned_with_the_plots_and_removed_when_its_analysis_leaves_the_ledger(tmp_path):
+    judged = [{**LINES[1], "canary": canary("pass")}, {**LINES[2], "canary": canary("marginal")}]
+    ledger = write_ledger(tmp_path / "ledger", [LINES[0], *judged])
+    dest = tmp_path / "report"
+    dest.mkdir()
+    (dest / "notes.png").write_bytes(b"the team's own")
+
+    first = run_action({"ledger_dir": str(ledger), "dest": str(dest)})
+    assert first["plots"] == [str(dest / name) for name in [*PLOTS, "canary-sub510.png", "canary-sub511.png"]]
+    assert "canary-sub511.png" in first["files_changed"] and first["files_removed"] == []
+
+    write_ledger(ledger, [LINES[0], judged[0], LINES[2]])
+    checked = run_action({"ledger_dir": str(ledger), "dest": str(dest)}, check_mode=True)
+    assert checked["changed"] and checked["files_removed"] == ["canary-sub511.png"]
+    assert (dest / "canary-sub511.png").is_file()
+
+    second = run_action({"ledger_dir": str(ledger), "dest": str(dest)})
+    assert second["files_removed"] == ["canary-sub511.png"] and second["files_changed"] == [INDEX]
+    assert second["plots"] == [str(dest / name) for name in [*PLOTS, "canary-sub510.png"]]
+    assert sorted(path.name for path in dest.iterdir()) == sorted([*PLOTS, "canary-sub510.png", INDEX, "notes.png"])
+    third = run_action({"ledger_dir": str(ledger), "dest": str(dest)})
+    assert not third["changed"] and third["files_removed"] == third["files_changed"] == []
+
+
 def test_the_variable_serving_ledger_dir_names_the_ledger_as_for_the_callback(tmp_path):
     write_ledger(tmp_path / "fleet-ledger")
     result = run_action({"dest": str(tmp_path / "report")},

@@ -7,10 +7,16 @@ import json
 import re
 from html.parser import HTMLParser
 from io import BytesIO
+from random import Random
 
 import pytest
 from PIL import Image
 
+from ansible_collections.biv100.serving.plugins.plugin_utils._canary_analysis import (
+    analyse,
+    canary_record,
+    side_samples,
+)
 from ansible_collections.biv100.serving.plugins.plugin_utils._report import (
     INDEX,
     LATENCY_PLOT,
@@ -18,10 +24,13 @@ from ansible_collections.biv100.serving.plugins.plugin_utils._report import (
     QUALITY_PLOT,
     SCORE_PLOT,
     ReportError,
+    analyses,
+    canary_figure,
     figure_cells,
     figures,
     gate_cells,
     load_ledger,
+    plot_names,
     render,
     rows,
     series,
@@ -376,3 +385,217 @@ def test_figure_cells_are_blank_without_figures_and_marked_when_simulated():
         "8412", "9725.8", "336.5 ms", "0.911, +1.2 %")
     assert figure_cells(bench(8412.4), quality(None)) == ("8412 (sim)", "9725.8 (sim)", "336.5 ms (sim)",
                                                           "0.900 (sim)")
+
+
+# --- canary analyses ---------------------------------------------------------------------------------
+
+
+def quartiles(low, p25, median, p75, high, count=72, mean=None):
+    return {"count": count, "min": low, "p25": p25, "median": median, "p75": p75, "max": high,
+            "mean": median if mean is None else mean}
+
+
+def canary_metric(name, classification, shift=None, interval=None, canary=None, baseline=None, **fields):
+    """One metric as canary_record() keeps it; a NoData metric has no shift, interval or test."""
+    metric = {"name": name, "group": "throughput", "better": "higher", "margin_pct": 2.0, "critical": False,
+              "classification": classification, "conclusive": classification != "NoData",
+              "canary": canary or {"count": 0}, "baseline": baseline or {"count": 0}}
+    if classification != "NoData":
+        metric.update(shift_pct=shift, interval_pct=interval, confidence=0.98, p_value=0.001)
+    return {**metric, **fields}
+
+
+def canary_analysis(verdict="fail", score=0.0, simulated=True, kind="same window", host="h2", release="r0",
+                    metrics=None):
+    """A canary record as the ledger callback keeps it on the canary host's line."""
+    return {"verdict": verdict, "score": score, "accepted": False, "trials": 3,
+            "baseline": {"host": host, "kind": kind, "release": release},
+            "reasons": ["score -8.8 % [-9.3, -8.3] < -2 %"] if verdict == "fail" else [],
+            "thresholds": {"pass": 75.0, "marginal": 50.0}, "simulated": simulated,
+            "metrics": metrics if metrics is not None else [
+                canary_metric("score", "Low", -8.8, [-9.3, -8.3], critical=True, confidence=0.9,
+                              canary=quartiles(9100.0, 9120.0, 9130.0, 9140.0, 9150.0, count=3),
+                              baseline=quartiles(9980.0, 10000.0, 10010.0, 10020.0, 10040.0, count=3)),
+                canary_metric("ttft_ms", "Pass", 1.2, [-0.4, 2.9], better="lower", margin_pct=10.0,
+                              canary=quartiles(20.0, 24.0, 25.3, 27.0, 35.0, mean=25.9),
+                              baseline=quartiles(19.0, 23.5, 25.0, 26.5, 33.0)),
+                canary_metric("e2e_ms", "NoData", better="lower", margin_pct=10.0,
+                              baseline=quartiles(50.0, 55.0, 60.0, 65.0, 80.0))]}
+
+
+def canary_ledger(**analysis) -> list[dict]:
+    """r0 on h1 and h2, then r1 deployed to the canary h1, judged against h2 and rolled back."""
+    return [line("r0", "h1", 1, bench=bench(10010.0)), line("r0", "h2", 2, bench=bench(10010.0)),
+            line("r0", "h1", 3, state="rolled back", bench=bench(9130.0), canary=canary_analysis(**analysis),
+                 rollback={"from": "r1", "to": "r0", "files": []})]
+
+
+def panels(figure) -> dict[str, object]:
+    """metric name -> the axes of its panel."""
+    return {axes.get_title().split(" ")[0]: axes for axes in figure.axes}
+
+
+def artists(figure, gid: str) -> list:
+    return [artist for axes in figure.axes for artist in [*axes.patches, *axes.lines] if artist.get_gid() == gid]
+
+
+def test_a_ledger_with_a_canary_analysis_draws_it_and_one_without_draws_no_canary_plot():
+    with_canary = render(canary_ledger(), "lab")
+    without = render(ledger(2), "lab")
+
+    # The rolled-back canary's line names r0; its analysis judged r1, the release it left.
+    assert [name for name in with_canary if name.startswith("canary")] == ["canary-r1.png"]
+    assert with_canary["canary-r1.png"].startswith(PNG_SIGNATURE)
+    assert plot_names(with_canary) == [*PLOTS, "canary-r1.png"]
+    assert sorted(without) == sorted([*PLOTS, INDEX]) and plot_names(without) == list(PLOTS)
+    assert "No canary analysis in the ledger yet" in without[INDEX].decode()
+    assert "No canary analysis in the ledger yet" not in with_canary[INDEX].decode()
+    assert render(canary_ledger(), "lab") == with_canary  # byte-identical, the canary plot too
+
+
+def test_each_metric_is_two_boxes_drawn_from_the_recorded_quartiles_titled_with_its_verdict():
+    [analysis] = analyses(canary_ledger())
+    figure = canary_figure(analysis)
+    shown = panels(figure)
+
+    assert list(shown) == ["score", "ttft_ms", "e2e_ms"]
+    assert shown["score"].get_title() == ("score Low -8.8 % [-9.3, -8.3]\n"
+                                          "90 % interval; higher is better, margin 2 %; critical")
+    assert shown["ttft_ms"].get_title().startswith("ttft_ms Pass +1.2 % [-0.4, +2.9]\n98 % interval; lower is better")
+    assert shown["e2e_ms"].get_title() == "e2e_ms NoData\nlower is better, margin 10 %"
+    for name, metric in (("score", analysis.metrics[0]), ("ttft_ms", analysis.metrics[1])):
+        for side in ("baseline", "canary"):
+            [box] = artists(figure, f"canary:{name}:{side}:boxes")
+            extents = box.get_path().get_extents()
+            assert (extents.y0, extents.y1) == pytest.approx((metric[side]["p25"], metric[side]["p75"]))
+            [median] = artists(figure, f"canary:{name}:{side}:medians")
+            assert set(median.get_ydata()) == {metric[side]["median"]}
+            whiskers = artists(figure, f"canary:{name}:{side}:whiskers")
+            ends = [y for whisker in whiskers for y in whisker.get_ydata()]
+            assert (min(ends), max(ends)) == (metric[side]["min"], metric[side]["max"])
+            [mean] = artists(figure, f"canary:{name}:{side}:means")
+            assert list(mean.get_ydata()) == [metric[side]["mean"]]
+        assert [label.get_text() for label in shown[name].get_xticklabels()] == [
+            f"baseline\nn={metric['baseline']['count']}", f"canary\nn={metric['canary']['count']}"]
+    # The level the margin allows: 2 % under the baseline's median for a higher-is-better metric,
+    # 10 % over it for a lower-is-better one.
+    [allowed] = artists(figure, "canary:score:allowed")
+    assert allowed.get_ydata()[0] == pytest.approx(10010.0 * 0.98)
+    [allowed] = artists(figure, "canary:ttft_ms:allowed")
+    assert allowed.get_ydata()[0] == pytest.approx(25.0 * 1.1)
+    # NoData: the baseline's box alone, the canary's side says it has no samples.
+    assert artists(figure, "canary:e2e_ms:baseline:boxes") and not artists(figure, "canary:e2e_ms:canary:boxes")
+    assert [text.get_text() for text in shown["e2e_ms"].texts] == ["no samples"]
+    assert shown["score"].title.get_color() == "#c62828" and shown["ttft_ms"].title.get_color() == "#1a7f37"
+
+
+def test_the_figure_title_gives_the_verdict_the_score_and_the_kind_of_baseline():
+    [same_window] = analyses(canary_ledger())
+    title = canary_figure(same_window)._suptitle.get_text()
+    assert title.startswith("Canary analysis of r1 on h1: fail, score 0 (pass ≥ 75, marginal ≥ 50)\n"
+                            "baseline: h2 on r0 (same window); 3 trials")
+
+    [historical] = analyses(canary_ledger(verdict="inconclusive", score=None, kind="historical", host=None,
+                                          release=None))
+    title = canary_figure(historical)._suptitle.get_text()
+    assert ("Canary analysis of r1 on h1: inconclusive, no score" in title
+            and "baseline: h1's own figures recorded with vendor files (historical: not measured in the same "
+                "window)" in title)
+
+
+def test_a_simulated_analysis_is_drawn_hollow_and_named_and_a_real_one_filled():
+    [simulated] = analyses(canary_ledger(simulated=True))
+    [real] = analyses(canary_ledger(simulated=False))
+
+    hollow, filled = canary_figure(simulated), canary_figure(real)
+    assert "hollow boxes: simulated (lab engine stand-in)" in hollow._suptitle.get_text()
+    assert "simulated" not in filled._suptitle.get_text()
+    [box] = artists(hollow, "canary:score:canary:boxes")
+    assert box.get_facecolor()[3] == 0
+    [box] = artists(filled, "canary:score:canary:boxes")
+    assert box.get_facecolor()[3] == 1
+    # The page's note on simulated figures counts the analysis: here the gates' figures are real.
+    for simulated, noted in ((True, True), (False, False)):
+        lines = [{**item, "bench": bench(10010.0, simulated=False)} for item in canary_ledger(simulated=simulated)]
+        assert ("Simulated figures." in render(lines, "lab")[INDEX].decode()) is noted
+
+
+def test_the_judges_own_record_is_drawn_one_panel_per_metric():
+    def side(rate, seed):
+        rng = Random(seed)
+        benches = []
+        for _trial in range(3):
+            draws = [1 + rng.uniform(-0.01, 0.01) for _request in range(24)]
+            benches.append({"score": 10000 * rate * draws[0], "output_tps": 2500 * rate * draws[1],
+                            "samples": {"output_tps": [3000 * rate * d for d in draws],
+                                        "ttft_ms": [25 / rate * d for d in draws],
+                                        "tpot_ms": [0.2 / rate * d for d in draws],
+                                        "e2e_ms": [60 / rate * d for d in draws]}})
+        return side_samples(benches, [1.0], [[{"passed": True}] * 10])
+
+    analysis = analyse(side(0.9, 1), side(1.0, 2), margin=0.02, request_margin=0.10, quality_margin=0.04,
+                       pass_score=75, marginal_score=50, confidence=0.98)
+    analysis.update(trials=3, baseline={"host": "h2", "kind": "same window", "release": "r0"}, simulated=True)
+    lines = [line("r1", "h1", 1, canary=canary_record(analysis))]
+    [drawn] = analyses(lines)
+
+    titles_shown = [axes.get_title().split("\n")[0] for axes in canary_figure(drawn).axes]
+    assert [title.split(" ")[0] for title in titles_shown] == [metric["name"] for metric in analysis["metrics"]]
+    score = next(metric for metric in analysis["metrics"] if metric["name"] == "score")
+    low, high = score["interval_pct"]
+    assert titles_shown[0] == f"score Low {score['shift_pct']:+.1f} % [{low:+.1f}, {high:+.1f}]"
+    assert render(lines, "lab")["canary-r1.png"].startswith(PNG_SIGNATURE)
+
+
+def test_an_analysis_is_drawn_once_per_run_and_a_later_runs_gets_a_plot_of_its_own():
+    record = canary_analysis()
+    lines = [
+        # A host of two engine instances: both lines of the run carry the host's one analysis.
+        line("sub510", "h1/vllm-1", 1, canary=record), line("sub510", "h1/vllm-2", 1, canary=record),
+        # The same release analysed again in a later run.
+        line("sub510", "h1", 2, canary=canary_analysis(verdict="marginal", score=60.0)),
+        line("2026-12-01T10:00:00Z/x", "h1", 3, canary=record),
+        # Not an analysis: none recorded, a broken one, one without a verdict.
+        line("sub511", "h1", 4), line("sub511", "h2", 4, canary="pass"), line("sub511", "h3", 4, canary={}),
+    ]
+    found = analyses(lines)
+
+    assert [(item.release, item.host, item.plot) for item in found] == [
+        ("sub510", "h1", "canary-sub510.png"), ("sub510", "h1", "canary-sub510-2.png"),
+        ("2026-12-01T10:00:00Z/x", "h1", "canary-2026-12-01T10_00_00Z_x.png")]
+    assert [name for name in render(lines, "lab") if name.startswith("canary")] == [item.plot for item in found]
+
+
+def test_a_side_whose_quartiles_are_incomplete_gets_no_box_and_an_analysis_without_metrics_says_so():
+    partial = {"count": 5, "min": 1.0, "p25": None, "median": 2.0, "p75": 3.0, "max": 4.0, "mean": 2.0}
+    [analysis] = analyses(canary_ledger(metrics=[canary_metric("score", "Pass", 0.0, [-1.0, 1.0], canary=partial,
+                                                               baseline=quartiles(1.0, 1.5, 2.0, 2.5, 3.0))]))
+    figure = canary_figure(analysis)
+    assert not artists(figure, "canary:score:canary:boxes") and artists(figure, "canary:score:baseline:boxes")
+    assert [text.get_text() for text in figure.axes[0].texts] == ["no quartiles recorded"]
+
+    [empty] = analyses(canary_ledger(metrics=[]))
+    texts = [text.get_text() for axes in canary_figure(empty).axes for text in axes.texts]
+    assert texts == ["the analysis recorded no metric"]
+
+
+def test_the_page_lists_each_analysis_with_its_baseline_verdict_and_reasons_above_its_plot():
+    hostile = "<b>x</b>"
+    lines = canary_ledger() + [
+        line("r2", "h1", 9, canary={**canary_analysis(verdict="marginal", score=60.0, kind="historical", host=None),
+                                    "accepted": True, "reasons": [f"ttft_ms {hostile}", "tpot_ms"]})]
+    text = render(lines, "lab")[INDEX].decode()
+    page = Cells()
+    page.feed(text)
+
+    assert page.images == [*PLOTS, "canary-r1.png", "canary-r2.png"]
+    header = ["release", "canary", "baseline", "baseline kind", "baseline release", "verdict", "score", "trials",
+              "reasons"]
+    start = page.rows.index(header)
+    assert page.rows[start + 1:] == [
+        ["r1", "h1", "h2", "same window", "r0", "fail (sim)", "0", "3", "score -8.8 % [-9.3, -8.3] < -2 %"],
+        ["r2", "h1", "h1 (own record)", "historical", "r0", "marginal (accepted) (sim)", "60", "3",
+         f"ttft_ms {hostile} / tpot_ms"]]
+    assert '<span class="failed">fail (sim)</span>' in text and '<span class="doubtful">marginal' in text
+    assert "<h3>r1 on h1, 2026-12-01T10:03:00Z: fail, score 0</h3>" in text
+    assert hostile not in text and "&lt;b&gt;x&lt;/b&gt;" in text
