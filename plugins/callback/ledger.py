@@ -318,6 +318,7 @@ def per_instance_lines(host: str, entry: dict) -> dict[str, dict]:
     release and state, for a host that ran several."""
     entry = dict(entry)
     entry.pop("_focus", None)
+    entry.pop("_phase", None)
     instances = entry.pop("_instances", {})
     if len(instances) <= 1:
         for own in instances.values():

@@ -1,8 +1,9 @@
 """The canary analysis on the lab: after the canary cleared every gate, it is benched side by side
 with the next host of the rollout, still on the fleet's release, and judged against it. The same
 release passes; a canary 10 % slower fails and is rolled back with the fleet untouched; one
-slower within the margin passes; noise too high for the samples is inconclusive and stops the
-rollout before the next batch, unless accepted. Only the canary ever runs a rejected release.
+slower within the margin passes; without a host like the canary, its own record is the baseline;
+noise too high for the samples is inconclusive and stops the rollout before the next batch,
+unless accepted. Only the canary ever runs a rejected release.
 Every figure is the lab's stand-in's, and says so."""
 
 from __future__ import annotations
@@ -50,8 +51,8 @@ def analysis(run, canary) -> dict:
 
 def said(run) -> str:
     """What the run printed without its colours, its lines joined as the YAML callback may fold a
-    message."""
-    return " ".join(re.sub(r"\x1b\[[0-9;]*m", "", run.stdout()).split())
+    message, and an apostrophe that it doubled in a quoted one single again."""
+    return " ".join(re.sub(r"\x1b\[[0-9;]*m", "", run.stdout()).split()).replace("''", "'")
 
 
 def releases_of(host) -> set[str]:
@@ -63,8 +64,7 @@ def fleet(lab, tmp_path_factory):
     """sub600 on every host, in one batch: no canary goes first, so nothing is analysed."""
     run = deploy(lab, tmp_path_factory.mktemp("fleet"), "sub600", **ONE_BATCH)
     assert run.rc == 0, run.stats
-    # (The YAML callback doubles the apostrophe of "rollout's".)
-    assert "canary analysis skipped: the rollout''s first batch holds 4 hosts" in said(run)
+    assert "canary analysis skipped: the rollout's first batch holds 4 hosts" in said(run)
     return run
 
 
@@ -136,6 +136,28 @@ def test_a_canary_slower_within_the_margin_passes(lab, fleet, tmp_path):
     # Measured slower, by less than the margin the run allowed.
     assert judged["verdict"] == "pass" and -6 < score["interval_pct"][0] and score["shift_pct"] < 0
     assert all(current_release(host)["id"] == "sub603" for host in lab.hosts)
+
+
+def test_without_a_host_like_the_canary_its_own_record_is_the_weaker_historical_baseline(lab, fleet, tmp_path):
+    canary, others = lab.hosts[0], lab.hosts[1:]
+    had = current_release(canary)["id"]
+    (tmp_path / "others").mkdir()
+    ahead = run_playbook(DEPLOY, lab.inventory_path, tmp_path / "others", limit=",".join(host.name for host in others),
+                         extravars={"serving_release": "sub606", "serving_gates": GATES, **ONE_BATCH})
+    assert ahead.rc == 0, ahead.stats
+
+    run = deploy(lab, tmp_path, "sub606")
+
+    assert run.rc == 0, run.stats
+    assert f"canary analysis of {canary.name} against {canary.name}'s own figures (historical, {had})" in said(run)
+    judged = analysis(run, canary)
+    assert judged["baseline"] == {"host": None, "kind": "historical", "release": had} and judged["promote"]
+    metrics = {metric["name"]: metric for metric in judged["metrics"]}
+    # One gate bench recorded with the release, its 24 requests kept with it.
+    assert (metrics["score"]["baseline"]["count"], metrics["ttft_ms"]["baseline"]["count"]) == (1, 24)
+    assert f"against {canary.name} (historical, {had})" in judged["msg"]
+    assert current_release(canary)["id"] == "sub606"
+    assert not any(result for host in others for result in run.results(host.name, JUDGE_TASK))
 
 
 def test_noise_too_high_for_the_samples_is_inconclusive_and_stops_before_the_next_batch(lab, fleet, tmp_path):

@@ -445,5 +445,6 @@ def test_the_canary_analysis_has_its_own_line_and_its_measurements_are_not_the_g
     assert line["bench"]["score"] == BENCH_RESULT["score"] and "probes" not in line
     assert line["canary"]["verdict"] == "fail" and line["canary"]["baseline"]["host"] == "h2"
     assert "u" not in line["canary"]["metrics"][0] and "promote" not in line["canary"]
+    assert not [key for key in line if key.startswith("_")]
     shown = capsys.readouterr().out.split("RELEASES", 1)[1]
     assert "canary fail, score 0 vs h2 (same window, sub510), 3 trials [simulated]" in shown
