@@ -95,7 +95,7 @@ def test_the_same_release_on_canary_and_baseline_passes_and_the_rollout_goes_on(
     assert line["canary"]["verdict"] == "pass"
     # The gates' figures in the ledger stay the canary's own gate bench, not the analysis' runs.
     assert line["bench"]["score"] == current_release(canary)["gates"]["instances"]["vllm"]["bench"]["score"]
-    releases = run.stdout().split("RELEASES")[-1]
+    releases = run.stdout().rsplit("RELEASES", maxsplit=1)[-1]
     assert f"canary pass, score 100 vs {baseline.name} (same window, sub600), 3 trials [simulated]" in releases
 
 

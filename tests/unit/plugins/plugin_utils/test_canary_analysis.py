@@ -106,8 +106,8 @@ def test_wrong_settings_are_refused_each_naming_its_variable():
 
 
 def test_settings_given_as_text_are_read_as_the_command_line_gives_them():
-    plan = canary_plan(["h1", "h2"], fleet(), settings={"trials": "4", "max_trials": None, "margin": "0.05",
-                                                         "accept": "marginal, inconclusive"})
+    given = {"trials": "4", "max_trials": None, "margin": "0.05", "accept": "marginal, inconclusive"}
+    plan = canary_plan(["h1", "h2"], fleet(), settings=given)
     assert plan["settings"]["trials"] == 4 and plan["settings"]["max_trials"] == 6
     assert plan["settings"]["margin"] == 0.05 and plan["settings"]["accept"] == ["marginal", "inconclusive"]
 
