@@ -20,6 +20,11 @@ pytestmark = pytest.mark.lab
 
 DEPLOY = "deploy.yml"
 JUDGE_TASK = "Judge the canary against its baseline"
+# The lab's bench takes a second; on a machine shared with another lab and the linters, one
+# run's score differs from the next by up to 3 %, so two hosts serving the same release are
+# told apart from a 2 % harm only after more trials than a test should wait for. The tests that
+# expect a pass allow a wider margin; the slower canary fails against the default one.
+NOISY_MACHINE_MARGIN = 0.05
 # The competition's gates: the analysis compares what the throughput gate measures.
 GATES = yaml.safe_load((REPO / "roles" / "gates" / "defaults" / "main.yml").read_text())["gates_competition"]
 STANDIN_ENV = yaml.safe_load((REPO / "inventory" / "lab" / "group_vars" / "biv100.yml").read_text())["engine_env"]
@@ -71,17 +76,20 @@ def fleet(lab, tmp_path_factory):
 def test_the_same_release_on_canary_and_baseline_passes_and_the_rollout_goes_on(lab, fleet, tmp_path):
     canary, baseline = lab.hosts[0], lab.hosts[1]
 
-    run = deploy(lab, tmp_path, "sub601")
+    run = deploy(lab, tmp_path, "sub601", serving_canary_margin=NOISY_MACHINE_MARGIN)
 
     assert run.rc == 0, run.stats
     assert f"canary analysis of {canary.name} against {baseline.name} (same window, sub600), 3 to 6 trials" \
         in said(run)
     judged = analysis(run, canary)
-    assert (judged["verdict"], judged["score"], judged["trials"]) == ("pass", 100.0, 3) and judged["simulated"]
+    # Three trials, or up to six while the machine's noise leaves the verdict open.
+    assert (judged["verdict"], judged["score"]) == ("pass", 100.0) and 3 <= judged["trials"] <= 6
+    assert judged["simulated"]
     assert judged["baseline"] == {"host": baseline.name, "kind": "same window", "release": "sub600"}
     metrics = {metric["name"]: metric for metric in judged["metrics"]}
     # Three bench runs a side, 24 requests each; the quality set and the probes once a side.
-    assert (metrics["score"]["canary"]["count"], metrics["ttft_ms"]["baseline"]["count"]) == (3, 72)
+    trials = judged["trials"]
+    assert (metrics["score"]["canary"]["count"], metrics["ttft_ms"]["baseline"]["count"]) == (trials, 24 * trials)
     assert metrics["probes"]["baseline"]["median"] == 1.0 and metrics["quality"]["canary"]["median"] == 1.0
     for host in lab.hosts:
         assert current_release(host)["id"] == "sub601" and current_release(host)["status"] == "good"
@@ -89,14 +97,14 @@ def test_the_same_release_on_canary_and_baseline_passes_and_the_rollout_goes_on(
     assert kept["verdict"] == "pass" and kept["baseline"]["host"] == baseline.name
     assert "canary" not in current_release(baseline)["gates"]
     written = json.loads((REPO / "build" / "canary" / "sub601" / f"{canary.name}.json").read_text())
-    assert len(written["samples"]["canary"]["e2e_ms"]) == len(written["samples"]["baseline"]["e2e_ms"]) == 72
+    assert len(written["samples"]["canary"]["e2e_ms"]) == len(written["samples"]["baseline"]["e2e_ms"]) == 24 * trials
     (line,) = [json.loads(text) for text in (tmp_path / "ledger" / "ledger.jsonl").read_text().splitlines()
                if json.loads(text)["host"] == canary.name]
     assert line["canary"]["verdict"] == "pass"
     # The gates' figures in the ledger stay the canary's own gate bench, not the analysis' runs.
     assert line["bench"]["score"] == current_release(canary)["gates"]["instances"]["vllm"]["bench"]["score"]
     releases = run.stdout().rsplit("RELEASES", maxsplit=1)[-1]
-    assert f"canary pass, score 100 vs {baseline.name} (same window, sub600), 3 trials [simulated]" in releases
+    assert f"canary pass, score 100 vs {baseline.name} (same window, sub600), {trials} trials [simulated]" in releases
 
 
 def test_a_canary_ten_percent_slower_fails_and_only_the_canary_ever_ran_it(lab, fleet, tmp_path):
@@ -128,13 +136,13 @@ def test_a_canary_ten_percent_slower_fails_and_only_the_canary_ever_ran_it(lab, 
 def test_a_canary_slower_within_the_margin_passes(lab, fleet, tmp_path):
     canary = lab.hosts[0]
 
-    run = deploy(lab, tmp_path, "sub603", serving_canary_margin=0.06, **per_host({canary.name: slower(0.02)}))
+    run = deploy(lab, tmp_path, "sub603", serving_canary_margin=0.08, **per_host({canary.name: slower(0.04)}))
 
     assert run.rc == 0, run.stats
     judged = analysis(run, canary)
     score = {metric["name"]: metric for metric in judged["metrics"]}["score"]
     # Measured slower, by less than the margin the run allowed.
-    assert judged["verdict"] == "pass" and -6 < score["interval_pct"][0] and score["shift_pct"] < 0
+    assert judged["verdict"] == "pass" and -8 < score["interval_pct"][0] and score["shift_pct"] < 0
     assert all(current_release(host)["id"] == "sub603" for host in lab.hosts)
 
 
@@ -146,7 +154,7 @@ def test_without_a_host_like_the_canary_its_own_record_is_the_weaker_historical_
                          extravars={"serving_release": "sub606", "serving_gates": GATES, **ONE_BATCH})
     assert ahead.rc == 0, ahead.stats
 
-    run = deploy(lab, tmp_path, "sub606")
+    run = deploy(lab, tmp_path, "sub606", serving_canary_margin=NOISY_MACHINE_MARGIN)
 
     assert run.rc == 0, run.stats
     assert f"canary analysis of {canary.name} against {canary.name}'s own figures (historical, {had})" in said(run)
