@@ -16,13 +16,13 @@ started), the incumbent first:
 - the whole grid in one round, each candidate on the full workload, when the candidates fit in
   budget.max_candidates;
 - else successive halving: every candidate on a short bench, the better half (by score, among
-  those that cleared every gate) on one twice as long, and so on until the last round, which is
-  the full workload and holds the incumbent and the best other. A round's factor is its bench
-  length as a fraction of the workload, never below budget.min_factor; the benches of all
-  rounds add up to at most max_candidates full ones. When even that is too much for every
-  candidate, the first round holds as many as fit: the incumbent and a sample of the others in
-  the order of their ids (which are digests: a spread over the grid that is the same in every
-  run).
+  those that cleared every gate) on a longer one, and so on until the last round, which holds
+  the incumbent and the best other. A round's factor is its bench length as a fraction of the
+  workload (its requests, or its duration): round r of R runs max(min_factor, 2^(r - R)), the
+  last one the full workload. The benches of all rounds add up to at most max_candidates full
+  ones; when that is too little for every candidate even on the shortest benches, the first
+  round holds as many as fit: the incumbent and a sample of the others in the order of their
+  ids (which are digests: a spread over the grid that is the same in every run).
 
 A round is {"round": n, "factor": f, "size": most candidates it runs, "keep": the next round's
 size (0 after the last), "ids": the candidates (round 1; next_round picks the others'),
@@ -103,8 +103,8 @@ def search_rounds(candidates: list[dict], budget: dict) -> list[dict]:
 
 def halving_rounds(candidates: list[dict], budget: dict) -> list[dict]:
     """Successive halving over as many of the candidates as the budget lets the first round hold
-    (all of them when it can): each round keeps half of the last, at least FINAL_SIZE, on a
-    bench twice as long, the last on the full workload."""
+    (all of them when it can): each round holds half of the one before, at least FINAL_SIZE; the
+    last runs the full workload and each before it half as much, none less than min_factor."""
     ids = _ids(candidates)
     incumbent = _incumbent(candidates)
     sizes, factors = _affordable(len(ids), budget)

@@ -11,7 +11,7 @@ A space file is a YAML mapping:
     description: what it searches
     engine_args:                   # engine arguments (engine_args), each searched key with
       max_num_seqs: [1, 2, 4, 8]   #   a list of values, or
-      gpu_memory_utilization: {range: [0.85, 0.95], step: 0.05}   # lo to hi by step, both included
+      gpu_memory_utilization: {range: [0.85, 0.95], step: 0.05}   # lo, lo + step, ... up to hi
     engine_allocator:              # PYTORCH_CUDA_ALLOC_CONF options (engine_allocator), likewise
       max_split_size_mb: [256, 512]
       expandable_segments: [null, true]
@@ -314,9 +314,9 @@ def candidates(space: dict, incumbent: dict, gpu_memory_utilization: float | Non
     if gpu_memory_utilization is not None:
         axes = _memory_capped(axes, gpu_memory_utilization)
     found = {first["id"]: first}
-    for combination in itertools.product(*(values for _, _, values in axes)):
+    for combination in itertools.product(*(axis[2] for axis in axes)):
         settings = {section: dict(first[section]) for section in SECTIONS}
-        for (section, key, _), value in zip(axes, combination):
+        for (section, key), value in zip((axis[:2] for axis in axes), combination):
             settings[section][key] = value
         candidate = make_candidate(settings)
         found.setdefault(candidate["id"], candidate)
