@@ -52,7 +52,7 @@ FRAGMENTATION_MAX_SPLIT_MB = 1024
 
 
 class ModelShape:
-    """What memory a checkpoint needs: its attention geometry and its weights."""
+    """A checkpoint's attention geometry: what its KV cache holds per token."""
 
     def __init__(self, attention_layers, kv_heads, head_dim):
         self.attention_layers = attention_layers
@@ -196,4 +196,4 @@ def is_long_prompt(prompt_tokens):
 
 
 def fragmentation_message():
-    return (f"CUDA out of memory. Tried to allocate {FRAGMENTATION_BLOCK_GIB:.2f} GiB")
+    return f"CUDA out of memory. Tried to allocate {FRAGMENTATION_BLOCK_GIB:.2f} GiB"

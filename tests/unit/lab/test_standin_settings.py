@@ -252,10 +252,10 @@ def test_the_engine_refuses_to_start_when_the_kv_cache_cannot_hold_max_model_len
     assert output.index("Model loading took 10.00 GiB") < output.index("Memory profiling takes")
 
 
-def two_long_prompts(engine):
-    """The statuses and bodies of two requests with 2000-word prompts sent at once."""
-    body = {"model": SERVED, "max_tokens": 8, "chat_template_kwargs": {"enable_thinking": False},
-            "messages": [{"role": "user", "content": "memory " * 2000}]}
+def two_long_prompts(engine, **extra):
+    """The (status, body) of two chat requests with 2000-word prompts sent at once, by status."""
+    body = dict({"model": SERVED, "max_tokens": 8, "chat_template_kwargs": {"enable_thinking": False},
+                 "messages": [{"role": "user", "content": "memory " * 2000}]}, **extra)
     results, start = [], threading.Barrier(2)
 
     def send():
@@ -304,20 +304,8 @@ def test_long_prompts_one_at_a_time_never_run_out_of_memory(start):
 
 def test_a_streamed_answer_gets_the_out_of_memory_error_as_its_last_event(start):
     engine = start(env=dict(SLOW_PREFILL, PYTORCH_CUDA_ALLOC_CONF="garbage_collection_threshold:0.8"))
-    body = {"model": SERVED, "max_tokens": 8, "stream": True,
-            "chat_template_kwargs": {"enable_thinking": False},
-            "messages": [{"role": "user", "content": "memory " * 2000}]}
-    streams, start_together = [], threading.Barrier(2)
 
-    def send():
-        start_together.wait()
-        streams.append(engine.request("POST", "/v1/chat/completions", body))
-
-    threads = [threading.Thread(target=send) for _copy in range(2)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(30)
+    streams = two_long_prompts(engine, stream=True)
 
     # Both streams began with 200; one ends with vLLM's streaming error, then [DONE].
     assert [status for status, _text in streams] == [200, 200]
