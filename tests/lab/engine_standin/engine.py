@@ -46,7 +46,7 @@ class StandinOptions:
             raise startup.StartupError(
                 f"BIV100_STANDIN_BREAK={self.broken} is none of {', '.join(BREAK_KINDS)}")
         try:
-            speed_model.Rates.from_environ(environ)  # checked now, built with the settings
+            speed_model.Rates.from_environ(environ)  # a bad rate stops the start here
             self.wrong_share = evaluation_solver.wrong_share_from(environ)
         except ValueError as error:
             raise startup.StartupError(str(error)) from None

@@ -179,10 +179,15 @@ def test_the_score_grows_with_max_num_seqs_and_the_bench_runs_that_many():
 
 def grid():
     """The small space the tuner's tests search: every setting with its prediction."""
-    return {(seqs, batched, utilization): speed_model.predicted_score(
-        dict(SUB168, max_num_seqs=seqs, max_num_batched_tokens=batched,
-             gpu_memory_utilization=utilization), *BENCH, LAB_ENV)
-        for seqs in (1, 2, 4, 8) for batched in (2048, 4096, 8192) for utilization in (0.85, 0.9, 0.95)}
+    predictions = {}
+    for seqs in (1, 2, 4, 8):
+        for batched in (2048, 4096, 8192):
+            for utilization in (0.85, 0.9, 0.95):
+                engine_args = dict(SUB168, max_num_seqs=seqs, max_num_batched_tokens=batched,
+                                   gpu_memory_utilization=utilization)
+                predictions[seqs, batched, utilization] = speed_model.predicted_score(
+                    engine_args, *BENCH, LAB_ENV)
+    return predictions
 
 
 def test_the_best_feasible_setting_of_a_grid_is_known_from_the_model():
