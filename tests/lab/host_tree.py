@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import ixsmi
+from engine_standin.memory_model import LAB_QWEN3_5_CONFIG
 
 # Paths every lab host has to itself; anything else is the machine's, shared by all hosts.
 PRIVATE_MOUNTS = (
@@ -64,13 +65,9 @@ GPU_IDLE_TEMPERATURE_C = 34
 
 MODELS_DIR = "/opt/models"
 MODEL_CONFIGS = {
-    # A Qwen3.5 checkpoint: only the vendor variants have a model file for it.
-    "qwen3_5": {
-        "architectures": ["Qwen3_5ForConditionalGeneration"],
-        "model_type": "qwen3_5",
-        "text_config": {"model_type": "qwen3_5_text", "max_position_embeddings": 262144},
-        "torch_dtype": "bfloat16",
-    },
+    # A Qwen3.5 checkpoint: only the vendor variants have a model file for it. Its geometry sets
+    # the engine stand-in's KV cache (engine_standin/speed_model.py, "Memory at start").
+    "qwen3_5": LAB_QWEN3_5_CONFIG,
     # A model every 0.10.1.1 registry serves, for the upstream variant.
     "qwen3_moe": {
         "architectures": ["Qwen3MoeForCausalLM"],

@@ -6,7 +6,9 @@ only) and behaves, as far as the collection can observe, like
     python -m vllm.entrypoints.openai.api_server <arguments>
 
 on a BI-V100 host: the same command line (rebuilt from 0.10.1.1's sources, flags-0.10.1.1.json),
-the same start-up failures (GPUs, PYTORCH_CUDA_ALLOC_CONF, model architecture, context length),
+the same start-up failures (GPUs, PYTORCH_CUDA_ALLOC_CONF, model architecture, context length,
+and a documented model of the GPUs' memory: the KV cache must hold one sequence of
+max_model_len),
 the port bound early and served only after a load time, and the OpenAI routes with
 deterministic text in vLLM's response shapes. It reads the installed vllm package's serving
 files, so deploying or rolling back the team's fixes changes what probes observe. Nothing outside
@@ -14,11 +16,14 @@ tests/ imports it.
 
 What a benchmark or an evaluation measures is simulated too, and says so:
 
-- speed: answers leave on a documented schedule (speed_model.py): at most --max-num-seqs
-  sequences at once, the rest queued first come first served; the first token after
-  prompt_tokens / BIV100_STANDIN_PREFILL_TPS seconds, then one every
-  1 / BIV100_STANDIN_DECODE_TPS. Streams are paced without drift; a non-streamed answer
-  leaves with its last token. ignore_eos, min_tokens and stream_options (include_usage,
+- speed: answers leave on a documented schedule (speed_model.py, which is the reference): at
+  most --max-num-seqs sequences at once and as many as the KV cache holds, the rest queued
+  first come first served; the first token after the prompt's chunks of
+  --max-num-batched-tokens (4 ms a step beside prompt_tokens / BIV100_STANDIN_PREFILL_TPS
+  seconds), then one every 1 / BIV100_STANDIN_DECODE_TPS, each sequence slowed by the others
+  running beside it; long prompts side by side run out of memory unless PYTORCH_CUDA_ALLOC_CONF
+  keeps large blocks whole. Streams are paced without drift; a non-streamed answer leaves with
+  its last token. ignore_eos, min_tokens and stream_options (include_usage,
   continuous_usage_stats) behave as in vLLM 0.10.1.1 (sampling.py).
 - quality: the evaluation set's question forms get answers computed from the question
   (evaluation_solver.py); BIV100_STANDIN_WRONG_SHARE makes a fixed share of them wrong.
@@ -40,12 +45,14 @@ Environment:
     BIV100_STANDIN_VLLM_ROOT      the installed vllm package folder (default: found on sys.path)
     BIV100_STANDIN_NEVER_HEALTHY  1: bind the port and never finish loading
     BIV100_STANDIN_CRASH_AFTER    N: exit with status 1 after answering N chat requests
-    BIV100_STANDIN_PREFILL_TPS    prompt tokens per second per sequence (default 40000)
-    BIV100_STANDIN_DECODE_TPS     output tokens per second per sequence (default 5000); with
-                                  the prefill default, the lab's default bench load (1024-token
-                                  prompts, 128 to 256 output tokens, 2 in flight, max_num_seqs
-                                  2) is predicted at 10,093 to 10,993 against the gate's 8,000
-                                  (about 10,000 measured over loopback)
+    BIV100_STANDIN_PREFILL_TPS    prompt tokens per second of a sequence alone (default 60000)
+    BIV100_STANDIN_DECODE_TPS     output tokens per second of a sequence alone (default 6000);
+                                  with the prefill default, the lab's default bench load at
+                                  Sub168 (1024-token prompts, 128 to 256 output tokens, 2 in
+                                  flight) is predicted at 10,135 to 11,062 against the gate's
+                                  8,000 (about 10,000 measured over loopback)
+    BIV100_STANDIN_JITTER         0..1 (default 0): each request runs up to that much longer or
+                                  shorter, drawn by a generator seeded with BIV100_STANDIN_SEED
     BIV100_STANDIN_WRONG_SHARE    0..1 (default 0): share of the evaluation set's questions
                                   answered wrongly, chosen by the sha256 of the prompt
     BIV100_STANDIN_BREAK          answer one kind of request wrongly, one of:
@@ -54,8 +61,9 @@ Environment:
         max_completion_tokens  400 for requests carrying max_completion_tokens (the old base)
         tool_content_none      500 for an assistant message with content null and tool_calls
         thinking_tools         a tool request with thinking on spends the budget thinking
-        fragmentation          500 (CUDA out of memory) for a long prompt (over 1024 tokens)
-                               that arrives while another long prompt is being prefilled
+        fragmentation          CUDA out of memory for a long prompt (over 1024 tokens) that
+                               starts running beside another, whatever
+                               PYTORCH_CUDA_ALLOC_CONF says
         json_object            response_format json_object not applied: braces around prose
     CUDA_VISIBLE_DEVICES, PYTORCH_CUDA_ALLOC_CONF, VLLM_ALLOW_LONG_MAX_MODEL_LEN, VLLM_API_KEY
                                   as vLLM and PyTorch read them

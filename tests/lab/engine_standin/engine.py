@@ -13,13 +13,11 @@ import sys
 import threading
 import time
 
-from . import chat, cli, evaluation_solver, speed_model, startup
+from . import chat, cli, evaluation_solver, memory_model, settings, speed_model, startup
 from .server import UVICORN_PREFIX, EngineHTTPServer, EngineState
 
 logger = logging.getLogger("vllm.entrypoints.openai.api_server")
 BASE_VERSION = "0.10.1.1"
-# EngineArgs fields whose default vLLM resolves later; the stand-in needs their values.
-RESOLVED_DEFAULTS = {"port": 8000, "tensor_parallel_size": 1, "max_num_seqs": 256}
 DEFAULT_MODEL = "Qwen/Qwen3-0.6B"  # EngineArgs.model's default
 BREAK_KINDS = ("n", "tools", "max_completion_tokens", "tool_content_none", "thinking_tools",
                "fragmentation", "json_object")
@@ -43,12 +41,12 @@ class StandinOptions:
         self.never_healthy = environ.get("BIV100_STANDIN_NEVER_HEALTHY") == "1"
         crash_after = environ.get("BIV100_STANDIN_CRASH_AFTER")
         self.crash_after = int(crash_after) if crash_after else None
-        self.broken = environ.get("BIV100_STANDIN_BREAK") or None
+        self.broken = environ.get(speed_model.BREAK_VARIABLE) or None
         if self.broken not in (None,) + BREAK_KINDS:
             raise startup.StartupError(
                 f"BIV100_STANDIN_BREAK={self.broken} is none of {', '.join(BREAK_KINDS)}")
         try:
-            self.rates = speed_model.Rates.from_environ(environ)
+            speed_model.Rates.from_environ(environ)  # a bad rate stops the start here
             self.wrong_share = evaluation_solver.wrong_share_from(environ)
         except ValueError as error:
             raise startup.StartupError(str(error)) from None
@@ -58,18 +56,12 @@ def main(argv):
     configure_logging()
     try:
         args = cli.parse_args(argv)  # argparse exits with status 2 on its own errors
-        _apply_resolved_defaults(args)
+        settings.apply_resolved_defaults(args)
         return run(args, os.environ)
-    except (cli.ServeArgsError, startup.StartupError) as error:
+    except (cli.ServeArgsError, startup.StartupError, memory_model.StartFailure) as error:
         # vLLM ends with the exception's last traceback line on stderr.
         print(error, file=sys.stderr)
         return 1
-
-
-def _apply_resolved_defaults(args):
-    for name, value in RESOLVED_DEFAULTS.items():
-        if getattr(args, name) is None:
-            setattr(args, name, value)
 
 
 def run(args, environ):
@@ -80,9 +72,10 @@ def run(args, environ):
     logger.info("non-default args: %s", {name: value for name, value in vars(args).items()
                                          if value not in (None, False)})
     server = EngineHTTPServer((args.host or "", args.port))
-    state = build_engine(args, environ, options, vllm_root, version)
+    state, memory = build_engine(args, environ, options, vllm_root, version)
     _exit_cleanly_on_sigterm(server)
-    load(options)
+    load(options, memory)
+    allocate_cache(memory)
     listen_address = f"http://{args.host or '0.0.0.0'}:{args.port}"
     logger.info("Starting vLLM API server 0 on %s", listen_address)
     print(f"{UVICORN_PREFIX}Started server process [{os.getpid()}]", flush=True)
@@ -93,7 +86,8 @@ def run(args, environ):
 
 
 def build_engine(args, environ, options, vllm_root, version):
-    """Every check building the real engine makes, then the serving state."""
+    """Every check building the real engine makes before it loads the weights, then the serving
+    state and the memory the start will find (checked once the weights are loaded)."""
     model_path = args.model_tag or args.model or DEFAULT_MODEL
     model_config = startup.read_model_config(model_path)
     max_model_len = startup.resolve_max_model_len(args.max_model_len, model_config, environ)
@@ -101,6 +95,9 @@ def build_engine(args, environ, options, vllm_root, version):
     startup.check_engine_limits(args, model_config, max_model_len)
     startup.check_tensor_parallel_size(args.tensor_parallel_size, environ)
     startup.check_allocator_config(environ.get("PYTORCH_CUDA_ALLOC_CONF"))
+    engine_settings = settings.EngineSettings.from_args(args, model_config, max_model_len, environ)
+    memory = memory_model.MemoryPlan(memory_model.ModelShape.from_config(model_config),
+                                     engine_settings)
     fixes = startup.serving_fixes(vllm_root)
     logger.info("serving layer in %s: %s", vllm_root, fixes)
     config = chat.ServingConfig(
@@ -108,12 +105,19 @@ def build_engine(args, environ, options, vllm_root, version):
         max_num_seqs=args.max_num_seqs, enable_auto_tools=bool(args.enable_auto_tool_choice),
         tool_parser=args.tool_call_parser, reasoning_parser=args.reasoning_parser,
         fixes=fixes, broken=options.broken, wrong_share=options.wrong_share)
-    logger.info("simulated speed: %s per sequence, at most %d sequences at once; evaluation "
-                "answers wrong for a share of %g", options.rates, args.max_num_seqs,
-                options.wrong_share)
+    rates = speed_model.Rates.from_environ(environ, engine_settings.prefill_chunk)
+    fragments = (options.broken == "fragmentation"
+                 or memory_model.allocator_fragments(engine_settings.allocator_conf))
+    logger.info("simulated speed: %s per sequence alone, at most %d sequences at once, each at "
+                "1 / (1 + %g x (sequences - 1)) of that; long prompts (over %d tokens) %s; "
+                "evaluation answers wrong for a share of %g", rates, args.max_num_seqs,
+                speed_model.BATCH_SLOWDOWN, memory_model.FRAGMENTATION_PROMPT_TOKENS,
+                "run out of memory side by side (fragmented allocator)" if fragments
+                else "fit side by side", options.wrong_share)
     api_keys = [key for key in (args.api_key or [environ.get("VLLM_API_KEY")]) if key]
-    return EngineState(config, model_path, version, api_keys, options.crash_after,
-                       options.rates)
+    state = EngineState(config, model_path, version, api_keys, options.crash_after, rates,
+                        memory.kv_tokens, fragments)
+    return state, memory
 
 
 def installed_version(vllm_root):
@@ -125,14 +129,25 @@ def installed_version(vllm_root):
     return BASE_VERSION
 
 
-def load(options):
+def load(options, memory):
     """The time the real engine spends loading weights, with the port bound and not served."""
     logger.info("Loading model weights (simulated, %.1f s)", options.load_seconds)
     if options.never_healthy:
         logger.warning("BIV100_STANDIN_NEVER_HEALTHY=1: the engine never finishes loading")
         threading.Event().wait()
     time.sleep(options.load_seconds)
-    logger.info("Model loading took %.2f GiB and %.6f seconds", 0.0, options.load_seconds)
+    logger.info("Model loading took %.2f GiB and %.6f seconds (simulated)",
+                memory.weights / memory_model.GIB, options.load_seconds)
+
+
+def allocate_cache(memory):
+    """The memory profile and the KV cache, as the V0 worker and executor log them; a start the
+    memory does not allow raises StartFailure."""
+    logger.info("%s", memory.profile_line())
+    memory.check()
+    logger.info("# cuda blocks: %d, # CPU blocks: %d", memory.blocks, memory.cpu_blocks)
+    logger.info("Maximum concurrency for %d tokens per request: %.2fx",
+                memory.settings.max_model_len, memory.max_concurrency)
 
 
 def _exit_cleanly_on_sigterm(server):

@@ -14,12 +14,9 @@ import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-from . import chat, speed_model
+from . import chat, memory_model, speed_model
 
 logger = logging.getLogger("vllm.entrypoints.openai.api_server")
-# BIV100_STANDIN_BREAK=fragmentation: what a long prompt is, and how long its prefill holds memory.
-FRAGMENTATION_PROMPT_TOKENS = 1024
-PREFILL_SECONDS = 0.5
 
 # uvicorn writes its own lines without the vLLM prefix.
 UVICORN_PREFIX = "INFO:     "
@@ -29,10 +26,15 @@ SIMULATED_HEADER = ("x-biv100-simulated", "engine stand-in")
 class EngineState:
     """What every request handler shares: the engine's settings and its counters."""
 
-    def __init__(self, config, model_path, version, api_keys, crash_after, rates=None):
+    def __init__(self, config, model_path, version, api_keys, crash_after, rates=None,
+                 kv_cache_tokens=None, fragments=False):
         self.config = config
         self.rates = rates or speed_model.Rates()
-        self.slots = speed_model.SequenceSlots(config.max_num_seqs)
+        self.slots = speed_model.SequenceSlots(config.max_num_seqs, kv_cache_tokens)
+        self.batch = speed_model.Batch()
+        self.kv_cache_tokens = kv_cache_tokens
+        # Whether the allocator leaves long prefills without a block (memory_model.py).
+        self.fragments = fragments
         self.model_path = model_path
         self.version = version
         self.api_keys = api_keys
@@ -42,32 +44,53 @@ class EngineState:
         self.chat_requests = 0
         self.running = 0  # requests whose sequences run
         self.waiting = 0  # requests in line for sequence slots
-        self.long_prefills = 0  # long prompts being prefilled (BIV100_STANDIN_BREAK=fragmentation)
+        self.long_prompts = 0  # running requests with a long prompt
         self.prompt_tokens = 0
         self.generation_tokens = 0
         self.finished = {}  # finish_reason -> count
 
     @contextlib.contextmanager
-    def sequences(self, count, arrived):
-        """Run `count` sequences once slots are free, in the order requests asked for them;
-        yields when they started running: on arrival, or when the slots came if they had to
-        be waited for."""
+    def sequences(self, completion, arrived):
+        """Run the answer's sequences once their slots and KV cache are free, in the order
+        requests asked for them; yields the request's clock, started on arrival, or when the
+        slots came if they had to be waited for. A long prompt starting beside another on an
+        allocator that fragments finds no block for its prefill: chat.ApiError, at once."""
+        count = speed_model.sequences_of(len(completion.choices), self.config.max_num_seqs)
+        tokens = completion.prompt_tokens + sum(choice.completion_tokens
+                                                for choice in completion.choices)
         with self.lock:
             self.waiting += 1
         try:
-            waited = self.slots.acquire(count)
+            waited = self.slots.acquire(count, tokens)
         finally:
             with self.lock:
                 self.waiting -= 1
-        start = time.monotonic() if waited else arrived
+        long_prompt = memory_model.is_long_prompt(completion.prompt_tokens)
+        with self.lock:
+            self.long_prompts += int(long_prompt)
+            crowded = long_prompt and self.fragments and self.long_prompts > 1
+        if crowded:
+            self._leave(count, tokens, long_prompt)
+            message = memory_model.fragmentation_message()
+            logger.error("torch.OutOfMemoryError: %s (simulated: a long prompt's prefill beside "
+                         "another on a fragmented cache, see PYTORCH_CUDA_ALLOC_CONF)", message)
+            raise chat.ApiError(500, message, "InternalServerError")
+        self.record(completion)
         with self.lock:
             self.running += 1
+        request = self.batch.join(count, time.monotonic() if waited else arrived)
         try:
-            yield start
+            yield request
         finally:
+            self.batch.leave(request)
             with self.lock:
                 self.running -= 1
-            self.slots.release(count)
+            self._leave(count, tokens, long_prompt)
+
+    def _leave(self, count, tokens, long_prompt):
+        with self.lock:
+            self.long_prompts -= int(long_prompt)
+        self.slots.release(count, tokens)
 
     def record(self, completion):
         with self.lock:
@@ -107,6 +130,9 @@ def metrics_text(state):
             "# HELP vllm:num_requests_waiting Number of requests waiting to be processed.",
             "# TYPE vllm:num_requests_waiting gauge",
             f"vllm:num_requests_waiting{{{label}}} {float(state.waiting)}",
+            "# HELP vllm:gpu_cache_usage_perc GPU KV-cache usage. 1 means 100 percent usage.",
+            "# TYPE vllm:gpu_cache_usage_perc gauge",
+            f"vllm:gpu_cache_usage_perc{{{label}}} {_cache_usage(state)}",
             "# HELP vllm:prompt_tokens_total Number of prefill tokens processed.",
             "# TYPE vllm:prompt_tokens_total counter",
             f"vllm:prompt_tokens_total{{{label}}} {float(state.prompt_tokens)}",
@@ -119,6 +145,12 @@ def metrics_text(state):
         lines += [f'vllm:request_success_total{{finished_reason="{reason}",{label}}} '
                   f"{float(count)}" for reason, count in sorted(state.finished.items())]
     return "\n".join(lines) + "\n"
+
+
+def _cache_usage(state):
+    if not state.kv_cache_tokens:
+        return 0.0
+    return float(state.slots.tokens_used / state.kv_cache_tokens)
 
 
 class Handler(BaseHTTPRequestHandler):
@@ -217,14 +249,12 @@ class Handler(BaseHTTPRequestHandler):
             self._json(500, {"error": {"message": str(error), "type": "Internal Server Error",
                                        "param": None, "code": 500}})
             return
-        self.state.record(completion)
         self._answer_on_schedule(completion, body, arrived, chat.text_stream_chunks,
                                  chat.text_response_body)
 
     def _answer_chat(self, body, arrived):
         try:
-            with self._fragmented_prefill(body):
-                completion = chat.complete(body, self.state.config)
+            completion = chat.complete(body, self.state.config)
         except chat.ApiError as error:
             self._json(error.status, error.body())
             return
@@ -233,65 +263,47 @@ class Handler(BaseHTTPRequestHandler):
             logger.exception("Exception in ASGI application")
             self._send(500, b"Internal Server Error", "text/plain; charset=utf-8")
             return
-        self.state.record(completion)
         self._answer_on_schedule(completion, body, arrived, chat.stream_chunks,
                                  chat.response_body)
 
     def _answer_on_schedule(self, completion, body, arrived, stream_chunks, response_body):
         """Send a computed answer as the speed model lets its tokens out (speed_model.py)."""
-        sequences = speed_model.sequences_of(len(completion.choices),
-                                             self.state.config.max_num_seqs)
+        rates = self.state.rates.for_request()
         if body.get("stream"):
             # The headers go at once, as Starlette's StreamingResponse sends them; the chunks
-            # wait for their tokens.
+            # wait for their tokens, and an engine error is the stream's last event.
             self._start_stream()
-            with self.state.sequences(sequences, arrived) as start:
-                self._paced_stream(completion, body, start, stream_chunks, self.state.rates.for_request())
+            try:
+                with self.state.sequences(completion, arrived) as request:
+                    self._paced_stream(completion, body, request, stream_chunks, rates)
+            except chat.ApiError as error:
+                # The stream generator's create_streaming_error_response, with its defaults.
+                failed = chat.ApiError(400, error.message, "BadRequestError")
+                self._write_chunk(f"data: {json.dumps(failed.body())}\n\n".encode())
             self._end_stream()
-        else:
-            with self.state.sequences(sequences, arrived) as start:
+            return
+        try:
+            with self.state.sequences(completion, arrived) as request:
                 last_token = max(choice.completion_tokens for choice in completion.choices)
-                speed_model.sleep_until(start + self.state.rates.for_request().request_seconds(
-                    completion.prompt_tokens, last_token))
-            self._json(200, response_body(completion, body))
+                speed_model.sleep_until(rates.request_seconds(completion.prompt_tokens, last_token),
+                                        request.elapsed, request.sleep)
+        except chat.ApiError as error:
+            self._json(error.status, error.body())
+            return
+        self._json(200, response_body(completion, body))
 
-    def _paced_stream(self, completion, body, start, stream_chunks, rates):
+    def _paced_stream(self, completion, body, request, stream_chunks, rates):
         schedule = speed_model.stream_schedule(
             list(stream_chunks(completion, body)), completion.prompt_tokens,
             [choice.completion_tokens for choice in completion.choices], rates)
         continuous = speed_model.continuous_usage(body)
-        for batch in speed_model.paced(schedule, start):
+        for batch in speed_model.paced(schedule, 0.0, clock=request.elapsed, sleep=request.sleep):
             events = []
             for out, chunk in speed_model.merged(batch):
                 if continuous and out is not None:
                     chunk = speed_model.with_usage(chunk, completion.prompt_tokens, out)
                 events.append(f"data: {json.dumps(chunk)}\n\n".encode())
             self._write_chunk(b"".join(events))
-
-    @contextlib.contextmanager
-    def _fragmented_prefill(self, body):
-        """BIV100_STANDIN_BREAK=fragmentation: a long prompt takes PREFILL_SECONDS, and a second
-        one arriving meanwhile finds no contiguous block for its activations, as on a
-        fragmented cache without PYTORCH_CUDA_ALLOC_CONF's help."""
-        if (self.state.config.broken != "fragmentation" or not isinstance(body, dict)
-                or not isinstance(body.get("messages"), list)
-                or chat.prompt_token_count(body) <= FRAGMENTATION_PROMPT_TOKENS):
-            yield
-            return
-        with self.state.lock:
-            self.state.long_prefills += 1
-            crowded = self.state.long_prefills > 1
-        try:
-            if crowded:
-                logger.error("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate "
-                             "1.95 GiB (simulated: BIV100_STANDIN_BREAK=fragmentation)")
-                raise chat.ApiError(500, "CUDA out of memory. Tried to allocate 1.95 GiB",
-                                    "InternalServerError")
-            time.sleep(PREFILL_SECONDS)
-            yield
-        finally:
-            with self.state.lock:
-                self.state.long_prefills -= 1
 
     def _count_chat_request(self):
         """BIV100_STANDIN_CRASH_AFTER: the engine dies once it has answered that many."""

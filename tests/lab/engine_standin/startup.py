@@ -219,23 +219,32 @@ def check_engine_limits(args, model_config, max_model_len):
         raise StartupError(f"ValueError: GPU memory utilization must be less than 1.0. Got "
                            f"{args.gpu_memory_utilization}.")
     batched = args.max_num_batched_tokens
-    chunked = _chunked_prefill(args, model_config, max_model_len)
+    chunked = chunked_prefill(args, model_config, max_model_len)
     if batched is not None and batched < max_model_len and not chunked:
         raise StartupError(
             f"ValueError: max_num_batched_tokens ({batched}) is smaller than max_model_len "
             f"({max_model_len}). This effectively limits the maximum sequence length to "
             "max_num_batched_tokens and makes vLLM reject longer sequences. Please increase "
             "max_num_batched_tokens or decrease max_model_len.")
+    if batched is not None and batched < args.max_num_seqs:
+        raise StartupError(
+            f"ValueError: max_num_batched_tokens ({batched}) must be greater than or equal to "
+            f"max_num_seqs ({args.max_num_seqs}).")
 
 
-def _chunked_prefill(args, model_config, max_model_len):
+def chunked_prefill(args, model_config, max_model_len):
+    """Whether prompts are prefilled in chunks of max_num_batched_tokens."""
     # Left unset, the V0 engine turns chunked prefill on for contexts above 32K, except for
-    # multimodal models (the *ForConditionalGeneration architectures).
+    # multimodal models.
     if args.enable_chunked_prefill is not None:
         return args.enable_chunked_prefill
-    multimodal = any(architecture.endswith("ForConditionalGeneration")
-                     for architecture in model_config.get("architectures") or [])
-    return max_model_len > LONG_CONTEXT_TOKENS and not multimodal
+    return max_model_len > LONG_CONTEXT_TOKENS and not is_multimodal(model_config)
+
+
+def is_multimodal(model_config):
+    """The *ForConditionalGeneration architectures."""
+    return any(architecture.endswith("ForConditionalGeneration")
+               for architecture in model_config.get("architectures") or [])
 
 
 def _text_config_value(model_config, key):

@@ -12,6 +12,9 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
+from ansible_collections.biv100.serving.plugins.plugin_utils._allocator_conf import allocator_conf
+from engine_defaults import DEFAULT_ALLOCATOR_OPTIONS
+
 CHECKOUT = Path(__file__).resolve().parents[3]
 LAB_DIR = CHECKOUT / "tests" / "lab"
 STANDIN_DIR = LAB_DIR / "engine_standin"
@@ -83,6 +86,9 @@ class Engine:
                        BIV100_STANDIN_IXSMI=str(host / "corex" / "bin" / "ixsmi"),
                        BIV100_STANDIN_LOAD_SECONDS=load_seconds)
         environ.pop("CUDA_VISIBLE_DEVICES", None)
+        # The allocator options a deploy gives the engine: without them, long prompts side by
+        # side run out of memory (speed_model.py, "Fragmentation").
+        environ["PYTORCH_CUDA_ALLOC_CONF"] = allocator_conf(DEFAULT_ALLOCATOR_OPTIONS)
         environ.update(env or {})
         command = [sys.executable, "-m", "engine_standin", str(host / "model"),
                    "--host", "127.0.0.1", "--port", str(self.port)] + flags

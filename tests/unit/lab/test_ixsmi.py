@@ -80,12 +80,13 @@ def test_the_files_processes_stay_and_memory_used_adds_up_to_the_total_at_most(h
     config["compute_processes"] = [{"gpu_uuid": "GPU-1", "pid": 4242, "process_name": "python3",
                                     "used_memory_mib": 30000}]
     config_path.write_text(json.dumps(config))
-    # No CUDA_VISIBLE_DEVICES: the first GPUs of the host.
-    engine = start(ENGINE_FLAGS + ["--tensor-parallel-size=2", "--gpu_memory_utilization=0.25"])
-    quarter = TOTAL_MIB // 4
-    assert apps(root) == [("GPU-1", 4242, 30000)] + [(f"GPU-{index}", engine.process.pid, quarter) for index in (0, 1)]
+    # No CUDA_VISIBLE_DEVICES: the first GPUs of the host. Three quarters of a GPU hold half the
+    # model's weights and a KV cache beside them.
+    engine = start(ENGINE_FLAGS + ["--tensor-parallel-size=2", "--gpu_memory_utilization=0.75"])
+    share = TOTAL_MIB * 3 // 4
+    assert apps(root) == [("GPU-1", 4242, 30000)] + [(f"GPU-{index}", engine.process.pid, share) for index in (0, 1)]
     used = {int(index): int(memory) for index, memory, _free in ask(root, MEMORY, NO_HEADER)}
-    assert (used[0], used[1], used[2]) == (4096 + quarter, TOTAL_MIB, 0)
+    assert (used[0], used[1], used[2]) == (4096 + share, TOTAL_MIB, 0)
 
 
 def test_a_standin_of_another_host_is_not_this_hosts(host, tmp_path, base_vllm):

@@ -20,17 +20,34 @@ THINKING_OFF = {"chat_template_kwargs": {"enable_thinking": False}}
 # ---- the arithmetic ------------------------------------------------------------------------------
 
 def test_token_due_is_prefill_then_one_token_per_decode_interval():
-    rates = speed_model.Rates(prefill_tps=1000, decode_tps=100)
-    assert rates.prefill_seconds(500) == pytest.approx(0.5)
-    assert rates.token_due(500, 1) == pytest.approx(0.5)
-    assert rates.token_due(500, 11) == pytest.approx(0.6)
-    assert rates.request_seconds(500, 11) == pytest.approx(0.6)
+    rates = speed_model.Rates(prefill_tps=1000, decode_tps=100, step_seconds=0.004)
+    # One step: its cost, then the prompt's tokens.
+    assert rates.prefill_seconds(500) == pytest.approx(0.504)
+    assert rates.token_due(500, 1) == pytest.approx(0.504)
+    assert rates.token_due(500, 11) == pytest.approx(0.604)
+    assert rates.request_seconds(500, 11) == pytest.approx(0.604)
     assert rates.request_seconds(500, 0) == rates.request_seconds(500, 1)  # one token at least
+
+
+def test_a_prompt_is_prefilled_in_chunks_each_paying_the_step():
+    def prefill(chunk):
+        return speed_model.Rates(prefill_tps=1000, decode_tps=100, prefill_chunk=chunk,
+                                 step_seconds=0.01).prefill_seconds(500)
+
+    assert speed_model.Rates(prefill_chunk=200).prefill_steps(500) == 3
+    assert prefill(200) == pytest.approx(3 * 0.01 + 0.5)
+    assert prefill(None) == prefill(500) == pytest.approx(0.01 + 0.5)  # unchunked: one step
+    # Larger chunks are faster up to the prompt's length; past it they gain nothing.
+    seconds = [prefill(chunk) for chunk in (100, 128, 200, 256, 500, 1000, 4096)]
+    assert seconds[:5] == sorted(seconds[:5], reverse=True) and len(set(seconds[:5])) == 5
+    assert seconds[4:] == [seconds[4]] * 3
 
 
 def test_rates_come_from_the_environment_with_defaults():
     defaults = speed_model.Rates.from_environ({})
-    assert (defaults.prefill_tps, defaults.decode_tps) == (40000, 5000)
+    assert (defaults.prefill_tps, defaults.decode_tps) == (60000, 6000)
+    assert (defaults.prefill_chunk, defaults.step_seconds) == (None, speed_model.STEP_SECONDS)
+    assert speed_model.Rates.from_environ({}, prefill_chunk=4096).prefill_chunk == 4096
     custom = speed_model.Rates.from_environ({"BIV100_STANDIN_PREFILL_TPS": "2000",
                                              "BIV100_STANDIN_DECODE_TPS": "250.5"})
     assert (custom.prefill_tps, custom.decode_tps) == (2000, 250.5)
@@ -71,14 +88,81 @@ def test_each_request_draws_its_stretch_within_the_jitter_and_a_seed_repeats_the
 
 
 def test_throughput_of_a_closed_loop_load():
-    rates = speed_model.Rates(prefill_tps=1000, decode_tps=100)
-    # 500 prompt tokens in 0.5 s, then 11 tokens in 0.1 s more; two run at once.
+    rates = speed_model.Rates(prefill_tps=1000, decode_tps=100, step_seconds=0)
+    # Alone, 500 prompt tokens in 0.5 s, then 11 tokens in 0.1 s more; two run at once, each
+    # at 1 / 1.2 of that.
     assert speed_model.predicted_throughput(rates, 500, 11, 2, 2) == \
-        pytest.approx((2 * 500 / 0.6, 2 * 11 / 0.6))
+        pytest.approx((2 * 500 / 0.72, 2 * 11 / 0.72))
     # Clients beyond max_num_seqs wait: the engine does not go faster.
     assert speed_model.predicted_throughput(rates, 500, 11, 3, 2) == \
         speed_model.predicted_throughput(rates, 500, 11, 2, 2)
     assert speed_model.weighted_score(1000, 100) == pytest.approx(0.83 * 100 + 0.17 * 1000)
+
+
+def test_aggregate_decode_grows_with_the_batch_while_each_sequence_slows():
+    assert speed_model.batch_speed(1) == 1
+    assert speed_model.batch_speed(2) == pytest.approx(1 / 1.2)
+    assert speed_model.batch_speed(8) == pytest.approx(1 / 2.4)
+    per_sequence = [6000 * speed_model.batch_speed(running) for running in range(1, 9)]
+    aggregate = [running * rate for running, rate in enumerate(per_sequence, start=1)]
+    assert per_sequence == sorted(per_sequence, reverse=True) and len(set(per_sequence)) == 8
+    assert aggregate == sorted(aggregate) and len(set(aggregate)) == 8
+    # Sublinear: eight sequences make 3.33 times one's tokens, not 8.
+    assert aggregate[7] == pytest.approx(aggregate[0] * 8 / 2.4)
+    # A closed loop measures the same: more clients, more tokens, each request slower.
+    rates = speed_model.Rates(step_seconds=0)
+    loads = [speed_model.predicted_throughput(rates, 1000, 200, running, 8)
+             for running in (1, 2, 4, 8)]
+    assert [output for _input, output in loads] == pytest.approx(
+        [running * 200 / (rates.request_seconds(1000, 200) / speed_model.batch_speed(running))
+         for running in (1, 2, 4, 8)])
+
+
+def test_the_kv_cache_bounds_the_sequences_running():
+    # 289168 tokens of KV cache (Sub168's) hold two sequences of 100256 tokens, not eight.
+    assert speed_model.running_sequences(100000, 256, 8, 8, 289168) == 2
+    assert speed_model.running_sequences(1024, 192, 8, 8, 289168) == 8
+    assert speed_model.running_sequences(300000, 256, 8, 8, 289168) == 1  # it runs, alone
+    rates = speed_model.Rates()
+    assert speed_model.predicted_throughput(rates, 100000, 256, 8, 8, 289168) == \
+        speed_model.predicted_throughput(rates, 100000, 256, 2, 2)
+
+
+def test_a_requests_clock_runs_at_the_batchs_speed_from_its_start():
+    now = [0.0]
+    batch = speed_model.Batch(slowdown=0.2, clock=lambda: now[0])
+    first = batch.join(1, start=0.0)
+    now[0] = 1.0
+    assert first.elapsed() == pytest.approx(1.0)
+    second = batch.join(1, start=1.0)  # two running: each at 1 / 1.2
+    now[0] = 2.2
+    assert (first.elapsed(), second.elapsed()) == pytest.approx((2.0, 1.0))
+    batch.leave(second)  # alone again: full speed from here
+    now[0] = 3.2
+    assert first.elapsed() == pytest.approx(3.0)
+    assert batch.sequences == 1
+    pair = batch.join(2, start=3.2)  # a request of two choices is two sequences
+    now[0] = 4.6
+    assert first.elapsed() == pytest.approx(3.0 + 1.4 / 1.4) and batch.sequences == 3
+    assert pair.elapsed() == pytest.approx(1.0)
+
+
+def test_a_sleeping_request_wakes_when_the_batch_changes():
+    batch = speed_model.Batch()
+    alone = batch.join(1, start=time.monotonic())
+    woke = threading.Event()
+
+    def sleep_long():
+        alone.sleep(30)
+        woke.set()
+
+    sleeper = threading.Thread(target=sleep_long)
+    sleeper.start()
+    time.sleep(0.05)
+    assert not woke.is_set()
+    batch.leave(batch.join(1, start=time.monotonic()))
+    assert woke.wait(5)
+    sleeper.join(5)
 
 
 @pytest.mark.parametrize("output_tokens", [128, 192, 256])
@@ -157,7 +241,7 @@ def chunk(index, delta, finish_reason=None):
 
 
 def test_stream_schedule_spreads_a_choices_chunks_over_its_tokens():
-    rates = speed_model.Rates(prefill_tps=1000, decode_tps=100)
+    rates = speed_model.Rates(prefill_tps=1000, decode_tps=100, step_seconds=0)
     usage = {"id": "chatcmpl-1", "choices": [], "usage": {}}
     chunks = [role(), *[chunk(0, {"content": f" w{k}"}) for k in range(4)],
               chunk(0, {}, "length"), usage]
@@ -170,7 +254,7 @@ def test_stream_schedule_spreads_a_choices_chunks_over_its_tokens():
 
 
 def test_stream_schedule_interleaves_the_choices():
-    rates = speed_model.Rates(prefill_tps=1000, decode_tps=100)
+    rates = speed_model.Rates(prefill_tps=1000, decode_tps=100, step_seconds=0)
     chunks = [role(0), role(1), chunk(0, {"content": "a"}), chunk(0, {"content": "b"}),
               chunk(0, {}, "stop"), chunk(1, {"content": "c"}), chunk(1, {}, "stop")]
     order = [(entry["choices"][0]["index"], entry["choices"][0]["delta"].get("content"))
@@ -314,6 +398,27 @@ def test_measured_throughput_matches_the_model(timed):
     _input, predicted = speed_model.predicted_throughput(
         rates, usages[0]["prompt_tokens"], output_tokens, clients, 2)
     assert measured == pytest.approx(predicted, rel=0.05)
+
+
+def test_a_sequence_slows_while_another_runs_beside_it(timed):
+    body = dict(max_tokens=200, ignore_eos=True, **THINKING_OFF)
+    alone_model = speed_model.Rates(1000000, DECODE_TPS).request_seconds(20, 200)  # ~0.5 s
+    _status, _headers, _answer, alone = post(timed, body)
+    together = []
+
+    def send():
+        together.append(post(timed, body)[3])
+
+    threads = [threading.Thread(target=send) for _client in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(30)
+
+    assert alone_model <= alone < 1.1 * alone_model
+    # Side by side, each keeps 1 / 1.2 of its speed alone: both end about 20 % later.
+    assert len(together) == 2
+    assert all(1.15 * alone_model < seconds < 1.3 * alone_model for seconds in together)
 
 
 def test_a_request_beyond_max_num_seqs_waits_its_turn(timed):
