@@ -19,14 +19,20 @@ deviation, the ±bound). From them:
   baseline's and the canary's recorded quartiles as box plots side by side. The record keeps
   quartiles, not samples, so a box is drawn from them (matplotlib's bxp) and its whiskers span
   the minimum to the maximum;
-- render(lines, fleet): the bytes of the PNG files and of index.html (files/report/index.html.j2),
-  the same bytes for the same ledger, so that a re-render changes no file and a committed report
-  shows no spurious diff.
+- load_tuning_runs(folder): every tuning run tune.yml wrote (<run>/candidates.jsonl, records of
+  _tune_results.py, and proposal.yml), and tune_figure(run, gates): the weighted score against
+  TTFT p99 of each candidate at its last round, the Pareto front of _tune_search.py, the
+  throughput gate the records kept (else the ledger's), the missed gates marked and the
+  candidates without figures listed with why;
+- render(lines, fleet, runs): the bytes of the PNG files and of index.html
+  (files/report/index.html.j2), the same bytes for the same ledger and runs, so that a re-render
+  changes no file and a committed report shows no spurious diff.
 
 A figure measured on the lab's engine stand-in (`simulated: true`) is drawn hollow and named
 "simulated" in the plot's title and legend, and marked "(sim)" in the page's table and in
 LEDGER.md (figure_cells, shared with the ledger callback); a simulated canary analysis' boxes are
-hollow, and its verdict is marked "(sim)".
+hollow, and its verdict is marked "(sim)"; so is a simulated candidate's point and its figures in
+the tuning table.
 
 matplotlib is a controller requirement (requirements.txt), not one of ansible-core's: it is
 imported only when figures are drawn, so that the ledger callback, which formats the table's
@@ -922,7 +928,7 @@ def _tune_figure(Figure, FigureCanvasAgg, Line2D, run: TuneRun, ledger_gates: li
                    [_tune_figures(record)["score"] for record in front], where="post", color=TUNE_FRONT_COLOUR,
                    linewidth=1.4, zorder=2, gid="tune:front")
         handles.append(Line2D([], [], color=TUNE_FRONT_COLOUR, linewidth=1.4,
-                              label="Pareto front: no candidate scores higher at a lower TTFT"))
+                              label="Pareto front: no other eligible candidate beats them on both"))
     incumbent = run.incumbent
     if incumbent is not None and incumbent in placed:
         figures = _tune_figures(incumbent)
@@ -955,7 +961,7 @@ def _tune_figure(Figure, FigureCanvasAgg, Line2D, run: TuneRun, ledger_gates: li
     if unplaced:
         lines = [_short(f"{record['id']}{' (incumbent)' if record.get('incumbent') else ''}: "
                         f"{TUNE_STATUS_TEXT.get(record.get('status'), record.get('status'))}"
-                        + (f" - {tune_why(record)}" if tune_why(record) else " - no score and TTFT p99 recorded"))
+                        + (f" - {tune_why(record)}" if tune_why(record) else " - no score or no TTFT p99 recorded"))
                  for record in unplaced]
         axes.text(0.0, -0.12 if placed else 0.3, "Not in the plot:\n" + "\n".join(lines), transform=axes.transAxes,
                   ha="left", va="top", fontsize="small", gid="tune:unplaced",
