@@ -925,8 +925,8 @@ def _tune_figure(Figure, FigureCanvasAgg, Line2D, run: TuneRun, ledger_gates: li
     front = pareto_front(candidates)
     if front:
         axes.step([_tune_figures(record)["ttft_p99_ms"] for record in front],
-                   [_tune_figures(record)["score"] for record in front], where="post", color=TUNE_FRONT_COLOUR,
-                   linewidth=1.4, zorder=2, gid="tune:front")
+                  [_tune_figures(record)["score"] for record in front], where="post", color=TUNE_FRONT_COLOUR,
+                  linewidth=1.4, zorder=2, gid="tune:front")
         handles.append(Line2D([], [], color=TUNE_FRONT_COLOUR, linewidth=1.4,
                               label="Pareto front: no other eligible candidate beats them on both"))
     incumbent = run.incumbent

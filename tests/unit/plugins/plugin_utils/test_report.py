@@ -766,7 +766,7 @@ def test_the_page_lists_each_runs_candidates_with_why_and_the_proposal(tmp_path)
          "torch.OutOfMemoryError: CUDA out of memory"],
         [SEQS_12["id"], "engine_args.max_num_seqs 4 -> 12", "measured", "7000 (sim)", "500.0 ms (sim)", "1 (× 0.5)",
          ""]]
-    assert (f"<h3>20260101T000000Z: 4 measured, 1 missed a gate, 1 failed to start, 1 invalid, never started</h3>"
+    assert ("<h3>20260101T000000Z: 4 measured, 1 missed a gate, 1 failed to start, 1 invalid, never started</h3>"
             in text)
     assert f"The best eligible candidate by score: {SEQS_16['id']}; the throughput gate: a score of 7500" in text
     assert f"20260101T000000Z/proposal.yml proposes candidate {SEQS_16['id']}." in text
