@@ -5,10 +5,11 @@
 
 Reads <ledger dir>/ledger.jsonl, where the ledger callback writes it, and renders the PNG plots
 and index.html of plugins/plugin_utils/_report.py into build/report/<fleet>/ at the project
-root. Nothing runs on a host and no connection is opened. A file whose bytes would not change is
-not written, so a second run with the same ledger reports changed=false; a canary plot whose
-analysis is no longer in the ledger is removed; check mode writes and removes nothing and says
-what would change.
+root, with a plot per tuning run found under build/tune/<run>/candidates.jsonl (or tune_dir).
+Nothing runs on a host and no connection is opened. A file whose bytes would not change is not
+written, so a second run with the same ledger reports changed=false; a canary plot whose analysis
+is no longer in the ledger, or a tuning plot whose run is gone, is removed; check mode writes and
+removes nothing and says what would change.
 
 The ledger folder is the one the callback would use in this run, found as the callback finds
 it (plugin_utils/_ledger_location.py): the task's ledger_dir, else the variable
@@ -28,6 +29,7 @@ from ansible import context
 from ansible.errors import AnsibleActionFail
 from ansible.plugins.action import ActionBase
 from ansible.plugins.loader import callback_loader
+from ansible.utils.display import Display
 
 from ansible_collections.biv100.serving.plugins.plugin_utils._atomic_file import write_atomic
 from ansible_collections.biv100.serving.plugins.plugin_utils._ledger_location import (
@@ -41,8 +43,10 @@ from ansible_collections.biv100.serving.plugins.plugin_utils._report import (
     CANARY_PLOT_PREFIX,
     INDEX,
     PLOT_SUFFIX,
+    TUNE_PLOT_PREFIX,
     ReportError,
     load_ledger,
+    load_tuning_runs,
     plot_names,
     render,
     rows,
@@ -50,10 +54,17 @@ from ansible_collections.biv100.serving.plugins.plugin_utils._report import (
 
 # build/report/<fleet> at the project root, beside the probes' results and computility-run.yaml.
 REPORT_FOLDER = ("build", "report")
+# Where tune.yml writes its runs, one folder each, at the project root.
+TUNE_FOLDER = ("build", "tune")
+# The plots a render makes one of per analysis or run: a stale one of these is removed.
+PER_ITEM_PLOTS = (CANARY_PLOT_PREFIX, TUNE_PLOT_PREFIX)
+
+display = Display()
 
 ARGUMENT_SPEC = {
     "ledger_dir": {"type": "path"},
     "dest": {"type": "path"},
+    "tune_dir": {"type": "path"},
 }
 
 
@@ -89,13 +100,18 @@ def write_changed(dest: Path, files: dict[str, bytes], check: bool) -> list[str]
     return changed
 
 
+def tune_dir() -> Path:
+    """build/tune at the project root: the folder of the tuning runs when none is named."""
+    return project_root(C.CONFIG_FILE).joinpath(*TUNE_FOLDER)
+
+
 def remove_stale(dest: Path, files: dict[str, bytes], check: bool) -> list[str]:
-    """Remove each canary plot in dest that the render no longer has (its analysis left the
-    ledger), so that the folder holds what the page shows; the names of those removed. No other
-    file of dest is touched."""
+    """Remove each canary or tuning plot in dest that the render no longer has (its analysis left
+    the ledger, its run's folder is gone), so that the folder holds what the page shows; the
+    names of those removed. No other file of dest is touched."""
     if not dest.is_dir():
         return []
-    stale = sorted(path.name for path in dest.glob(f"{CANARY_PLOT_PREFIX}*{PLOT_SUFFIX}")
+    stale = sorted(path.name for prefix in PER_ITEM_PLOTS for path in dest.glob(f"{prefix}*{PLOT_SUFFIX}")
                    if path.name not in files and path.is_file() and not path.is_symlink())
     if not check:
         for name in stale:
@@ -123,6 +139,11 @@ class ActionModule(ActionBase):
         fleet, default_dest = report_dir()
         dest = Path(args["dest"]).absolute() if args["dest"] else default_dest
 
+        tunes = Path(args["tune_dir"]).absolute() if args["tune_dir"] else tune_dir()
+        if args["tune_dir"] and not tunes.is_dir():
+            raise AnsibleActionFail(f"tune_dir {tunes} is not a folder: name the folder that holds the "
+                                    "tuning runs (<run>/candidates.jsonl), as build/tune does")
+
         ledger = directory / LEDGER_FILE
         if not ledger.is_file():
             raise AnsibleActionFail(
@@ -130,7 +151,8 @@ class ActionModule(ActionBase):
                 f"folder with -e {LEDGER_VARIABLE}=<folder> (or BIV100_LEDGER_DIR)")
         try:
             lines = load_ledger(ledger)
-            files = render(lines, fleet)
+            runs = load_tuning_runs(tunes, display.warning)
+            files = render(lines, fleet, runs)
         except ReportError as error:
             raise AnsibleActionFail(str(error)) from None
         table = rows(lines)
@@ -152,7 +174,9 @@ class ActionModule(ActionBase):
             files_removed=removed,
             releases=releases,
             hosts=hosts,
-            msg=(f"{len(releases)} releases on {len(hosts)} hosts from {len(lines)} lines of {ledger}: "
-                 f"{dest / INDEX}"),
+            tune_dir=str(tunes),
+            tuning_runs=[run.name for run in runs],
+            msg=(f"{len(releases)} releases on {len(hosts)} hosts from {len(lines)} lines of {ledger}"
+                 + (f" and {len(runs)} tuning runs of {tunes}" if runs else "") + f": {dest / INDEX}"),
         )
         return result

@@ -19,14 +19,20 @@ deviation, the ±bound). From them:
   baseline's and the canary's recorded quartiles as box plots side by side. The record keeps
   quartiles, not samples, so a box is drawn from them (matplotlib's bxp) and its whiskers span
   the minimum to the maximum;
-- render(lines, fleet): the bytes of the PNG files and of index.html (files/report/index.html.j2),
-  the same bytes for the same ledger, so that a re-render changes no file and a committed report
-  shows no spurious diff.
+- load_tuning_runs(folder): every tuning run tune.yml wrote (<run>/candidates.jsonl, records of
+  _tune_results.py, and proposal.yml), and tune_figure(run, gates): the weighted score against
+  TTFT p99 of each candidate at its last round, the Pareto front of _tune_search.py, the
+  throughput gate the records kept (else the ledger's), the missed gates marked and the
+  candidates without figures listed with why;
+- render(lines, fleet, runs): the bytes of the PNG files and of index.html
+  (files/report/index.html.j2), the same bytes for the same ledger and runs, so that a re-render
+  changes no file and a committed report shows no spurious diff.
 
 A figure measured on the lab's engine stand-in (`simulated: true`) is drawn hollow and named
 "simulated" in the plot's title and legend, and marked "(sim)" in the page's table and in
 LEDGER.md (figure_cells, shared with the ledger callback); a simulated canary analysis' boxes are
-hollow, and its verdict is marked "(sim)".
+hollow, and its verdict is marked "(sim)"; so is a simulated candidate's point and its figures in
+the tuning table.
 
 matplotlib is a controller requirement (requirements.txt), not one of ansible-core's: it is
 imported only when figures are drawn, so that the ledger callback, which formats the table's
@@ -42,8 +48,22 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import yaml
+
 from ansible_collections.biv100.serving.plugins.plugin_utils import _templates
 from ansible_collections.biv100.serving.plugins.plugin_utils._canary_judge import LEAST_CONFIDENCE
+from ansible_collections.biv100.serving.plugins.plugin_utils._tune_results import (
+    FAILED_TO_START,
+    INVALID,
+    MEASURED,
+    MISSED_GATE,
+    SECTIONS,
+    STARTED,
+    TuneRecordError,
+    changed_settings,
+    read_records,
+)
+from ansible_collections.biv100.serving.plugins.plugin_utils._tune_search import pareto_front, ranked
 
 SCORE_PLOT = "score.png"
 LATENCY_PLOT = "latency.png"
@@ -262,7 +282,9 @@ def _offsets(hosts: list[str]) -> dict[str, float]:
     return {host: (index - (len(hosts) - 1) / 2) * step for index, host in enumerate(hosts)}
 
 
-def _simulated_title(title: str, points: list[Point]) -> str:
+def _simulated_title(title: str, points: list) -> str:
+    """The title, saying when every point, or which of them (the hollow ones), are simulated;
+    a point is anything with a `simulated` flag."""
     marked = [point for point in points if point.simulated]
     if not marked:
         return title
@@ -519,7 +541,13 @@ def _canary_plot_name(release: str, taken: set) -> str:
     """canary-<release>.png, the release reduced to characters safe in a file name; a second
     analysis of the same release gets -2, and so on. The ledger only grows, so a name once given
     stays its analysis'."""
-    stem = CANARY_PLOT_PREFIX + (re.sub(r"[^A-Za-z0-9._-]+", "_", release).strip(".") or "release")
+    return _plot_name(CANARY_PLOT_PREFIX, release, "release", taken)
+
+
+def _plot_name(prefix: str, what: str, fallback: str, taken: set) -> str:
+    """<prefix><what>.png, what reduced to characters safe in a file name (fallback when none is
+    left), -2, -3 and so on appended to a name already taken."""
+    stem = prefix + (re.sub(r"[^A-Za-z0-9._-]+", "_", what).strip(".") or fallback)
     name, count = stem + PLOT_SUFFIX, 1
     while name in taken:
         count += 1
@@ -712,6 +740,309 @@ def canary_cells(analysis: Analysis) -> dict:
     }
 
 
+# --- the tuning runs ------------------------------------------------------------------------------
+
+TUNE_PLOT_PREFIX = "tune-"
+TUNE_RESULTS = "candidates.jsonl"
+TUNE_PROPOSAL = "proposal.yml"
+TUNE_STATUS_TEXT = {MEASURED: "measured", MISSED_GATE: "missed a gate", FAILED_TO_START: "failed to start",
+                    INVALID: "invalid, never started", STARTED: "started"}
+TUNE_ROUND_COLOURS = ("tab:blue", "tab:purple", "tab:cyan", "tab:olive", "tab:brown", "tab:pink")
+TUNE_MISSED_COLOUR = "tab:red"
+TUNE_FRONT_COLOUR = "tab:green"
+# How much of a reason the plot's box of candidates without a point shows, in characters.
+TUNE_WHY_CHARS = 110
+
+
+@dataclass(frozen=True)
+class TuneRun:
+    """One tuning run: its folder's name, every record of its candidates.jsonl in the order
+    written (records of _tune_results.py), the proposal if proposal.yml is there, and the file of
+    its plot."""
+
+    name: str
+    records: tuple
+    plot: str
+    proposal: dict | None = None
+
+    @property
+    def candidates(self) -> list[dict]:
+        """Each candidate's last record (its last round), in the order the candidates first ran."""
+        return list(_last_records(self.records).values())
+
+    @property
+    def incumbent(self) -> dict | None:
+        return next((record for record in self.candidates if record.get("incumbent")), None)
+
+    @property
+    def simulated(self) -> bool:
+        return any(_tune_figures(record).get("simulated") for record in self.candidates)
+
+
+def _last_records(records) -> dict[str, dict]:
+    """{id: the candidate's last record}, as _tune_results.read_candidates gives them of a file."""
+    return {record["id"]: record for record in records}
+
+
+def load_tuning_runs(folder: Path, warn=None) -> list[TuneRun]:
+    """Every tuning run under folder (<folder>/<run>/candidates.jsonl), by the run's name; [] when
+    there is none. A torn last line is left out and named to warn(message); a file that cannot be
+    read is an error naming it."""
+    folder = Path(folder)
+    found, taken = [], set()
+    for results in sorted(folder.glob(f"*/{TUNE_RESULTS}")):
+        if not results.is_file():
+            continue
+        try:
+            records = read_records(results, warn)
+        except TuneRecordError as error:
+            raise ReportError(str(error)) from None
+        name = results.parent.name
+        found.append(TuneRun(name, tuple(records), _plot_name(TUNE_PLOT_PREFIX, name, "run", taken),
+                             _load_proposal(results.parent / TUNE_PROPOSAL)))
+    return found
+
+
+def _load_proposal(path: Path) -> dict | None:
+    """proposal.yml's settings and the lines of its header; None when there is none."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        return None
+    except OSError as error:
+        raise ReportError(f"{path}: cannot be read: {error}") from None
+    try:
+        settings = yaml.safe_load(text)
+    except yaml.YAMLError as error:
+        raise ReportError(f"{path}: not YAML: {error}") from None
+    if not isinstance(settings, dict):
+        raise ReportError(f"{path}: not the mapping of engine settings tune.yml writes")
+    header = []
+    for line in text.splitlines():
+        if not line.startswith("#"):
+            break
+        header.append(line[1:].strip())
+    return {"settings": {section: settings.get(section) or {} for section in SECTIONS}, "header": header}
+
+
+def _tune_figures(record: dict) -> dict:
+    return record["figures"] if isinstance(record.get("figures"), dict) else {}
+
+
+def _placed(record: dict) -> bool:
+    """Whether a record has the score and the TTFT p99 that place it in the plot."""
+    figures = _tune_figures(record)
+    return number(figures.get("score")) is not None and number(figures.get("ttft_p99_ms")) is not None
+
+
+def tune_gates(run: TuneRun, ledger_gates: list) -> tuple[list[float], str]:
+    """The throughput gate(s) the run's figures were judged against, as its records keep them,
+    else those the ledger's figures recorded; and where they come from."""
+    gates = []
+    for record in run.candidates:
+        gate = number(_tune_figures(record).get("gate_score"))
+        if gate is not None:
+            _add_once(gates, gate)
+    if gates:
+        return gates, "as the candidates recorded it"
+    return list(ledger_gates), "as the ledger's figures recorded it"
+
+
+def tune_why(record: dict) -> str:
+    """Why a candidate is not eligible, in one line: the first of its problems (invalid), the last
+    line of its engine's log (failed to start), the gates it missed; blank for one measured."""
+    status = record.get("status")
+    if status == INVALID:
+        problems = [str(problem) for problem in record.get("problems") or ()]
+        return problems[0].strip().splitlines()[0] if problems and problems[0].strip() else "no problem recorded"
+    if status == FAILED_TO_START:
+        lines = [line.strip() for line in str(record.get("log_tail") or "").splitlines() if line.strip()]
+        return lines[-1] if lines else "the engine's log was empty"
+    if status == MISSED_GATE:
+        return "; ".join(_gate_summary(gate) for gate in record.get("gates") or ()) or "no gate recorded"
+    return ""
+
+
+def _gate_summary(gate) -> str:
+    """A gate's summary as the record keeps it: text, or gate_verdicts' {gate, passed, summary}."""
+    if isinstance(gate, dict):
+        return f"{gate.get('gate', 'gate')}: {gate.get('summary', '')}".strip()
+    return " ".join(str(gate).split())
+
+
+def _round_text(record: dict) -> str:
+    if record.get("round") is None:
+        return ""
+    factor = number(record.get("factor"))
+    return f"{record['round']}" + (f" (× {factor:g})" if factor is not None else "")
+
+
+def _short(text: str, chars: int = TUNE_WHY_CHARS) -> str:
+    return text if len(text) <= chars else text[:chars - 3] + "..."
+
+
+def tune_figure(run: TuneRun, ledger_gates: list):
+    """One tuning run: x the TTFT p99, y the weighted score, each candidate at its last round,
+    measured ones coloured by that round and hollow when simulated, the incumbent a star, the
+    ones that missed a gate an x, the Pareto front a step line, the throughput gate dashed; the
+    candidates without a point (invalid, failed to start, no figures) in a box with why."""
+    _matplotlib_module, Figure, FigureCanvasAgg, Line2D, _patch = _matplotlib()
+    with drawing():
+        return _tune_figure(Figure, FigureCanvasAgg, Line2D, run, ledger_gates)
+
+
+def _tune_figure(Figure, FigureCanvasAgg, Line2D, run: TuneRun, ledger_gates: list):
+    figure = Figure(figsize=(10.0, 6.0), dpi=DPI)
+    FigureCanvasAgg(figure)
+    axes = figure.add_subplot()
+    candidates = run.candidates
+    placed = [record for record in candidates if record.get("status") in (MEASURED, MISSED_GATE) and _placed(record)]
+    flags = [_Simulated(bool(_tune_figures(record).get("simulated"))) for record in placed]
+    axes.set_title(_simulated_title(f"Tuning run {run.name}: weighted score against TTFT p99, "
+                                    f"{len(candidates)} candidates", flags), fontsize="medium")
+    handles = []
+    rounds = sorted({record["round"] for record in placed if isinstance(record.get("round"), int)})
+    colours = {round_: TUNE_ROUND_COLOURS[index % len(TUNE_ROUND_COLOURS)] for index, round_ in enumerate(rounds)}
+    measured = [record for record in placed if record["status"] == MEASURED]
+    for round_ in [*rounds, None]:
+        own = [record for record in measured if record.get("round") == round_ and not record.get("incumbent")]
+        if not own:
+            continue
+        colour = colours.get(round_, "dimgray")
+        _tune_scatter(axes, own, "o", colour, f"tune:measured:{round_}")
+        factor = next((number(record.get("factor")) for record in own if number(record.get("factor")) is not None),
+                      None)
+        label = "measured" + (f", last in round {round_}" if round_ is not None else "")
+        label += f" (bench × {factor:g})" if factor is not None else ""
+        handles.append(Line2D([], [], marker="o", linestyle="none", color=colour, label=label))
+    missed = [record for record in placed if record["status"] == MISSED_GATE and not record.get("incumbent")]
+    if missed:
+        axes.scatter([_tune_figures(record)["ttft_p99_ms"] for record in missed],
+                     [_tune_figures(record)["score"] for record in missed], marker="x", s=48,
+                     color=TUNE_MISSED_COLOUR, linewidths=1.5, zorder=3, gid="tune:missed_gate")
+        handles.append(Line2D([], [], marker="x", linestyle="none", color=TUNE_MISSED_COLOUR,
+                              label="missed a gate (its measured figures)"))
+    front = pareto_front(candidates)
+    if front:
+        axes.step([_tune_figures(record)["ttft_p99_ms"] for record in front],
+                  [_tune_figures(record)["score"] for record in front], where="post", color=TUNE_FRONT_COLOUR,
+                  linewidth=1.4, zorder=2, gid="tune:front")
+        handles.append(Line2D([], [], color=TUNE_FRONT_COLOUR, linewidth=1.4,
+                              label="Pareto front: no other eligible candidate beats them on both"))
+    incumbent = run.incumbent
+    if incumbent is not None and incumbent in placed:
+        figures = _tune_figures(incumbent)
+        colour = "black" if incumbent["status"] == MEASURED else TUNE_MISSED_COLOUR
+        axes.scatter([figures["ttft_p99_ms"]], [figures["score"]], marker="*", s=180, zorder=4, gid="tune:incumbent",
+                     edgecolors=colour, linewidths=1.2, facecolors="none" if figures.get("simulated") else colour)
+        handles.append(Line2D([], [], marker="*", markersize=11, linestyle="none", color=colour,
+                              label=f"incumbent {incumbent['id']}"
+                              + ("" if incumbent["status"] == MEASURED else " (missed a gate)")))
+    for record in front:
+        figures = _tune_figures(record)
+        axes.annotate(record["id"], (figures["ttft_p99_ms"], figures["score"]), textcoords="offset points",
+                      xytext=(5, 5), fontsize="x-small", color="dimgray")
+    gates, source = tune_gates(run, ledger_gates)
+    for gate in gates:
+        handles.append(axes.axhline(gate, color="tab:red", linestyle="--", linewidth=1.2, gid="tune:gate",
+                                    label=f"throughput gate: score ≥ {gate:g}, {source}"))
+    if any(flag.simulated for flag in flags):
+        handles.append(Line2D([], [], marker="o", linestyle="none", markerfacecolor="none", markeredgecolor="black",
+                              label=f"hollow: {SIMULATED_NOTE}"))
+    if placed:
+        axes.set_xlabel("TTFT p99 (ms), lower is better")
+        axes.set_ylabel("weighted score, higher is better")
+        _legend(axes, handles)
+    else:
+        axes.set_axis_off()
+        axes.text(0.5, 0.5, "no candidate of this run has a score and a TTFT p99 to place it", ha="center",
+                  va="center", transform=axes.transAxes)
+    unplaced = [record for record in candidates if record not in placed]
+    if unplaced:
+        lines = [_short(f"{record['id']}{' (incumbent)' if record.get('incumbent') else ''}: "
+                        f"{TUNE_STATUS_TEXT.get(record.get('status'), record.get('status'))}"
+                        + (f" - {tune_why(record)}" if tune_why(record) else " - no score or no TTFT p99 recorded"))
+                 for record in unplaced]
+        axes.text(0.0, -0.12 if placed else 0.3, "Not in the plot:\n" + "\n".join(lines), transform=axes.transAxes,
+                  ha="left", va="top", fontsize="small", gid="tune:unplaced",
+                  bbox={"boxstyle": "round", "facecolor": "#fdecea", "edgecolor": TUNE_MISSED_COLOUR})
+    return figure
+
+
+@dataclass(frozen=True)
+class _Simulated:
+    """What _simulated_title counts of a point."""
+
+    simulated: bool
+
+
+def _tune_scatter(axes, records: list[dict], marker: str, colour, gid: str) -> None:
+    figures = [_tune_figures(record) for record in records]
+    axes.scatter([item["ttft_p99_ms"] for item in figures], [item["score"] for item in figures], marker=marker,
+                 s=40, zorder=3, gid=gid, edgecolors=colour, linewidths=1.2,
+                 facecolors=["none" if item.get("simulated") else colour for item in figures])
+
+
+def tune_cells(run: TuneRun, ledger_gates: list) -> dict:
+    """What the page shows of a run: one row per candidate (id, the settings that differ from the
+    incumbent's, status, score, TTFT p99, round, why), the best eligible candidate, and the
+    proposal when proposal.yml is there."""
+    candidates, incumbent = run.candidates, run.incumbent
+    front = {record["id"] for record in pareto_front(candidates)}
+    best = ranked(candidates)
+    rows_ = []
+    for record in candidates:
+        figures = _tune_figures(record)
+        simulated = figures.get("simulated")
+        score, ttft = number(figures.get("score")), number(figures.get("ttft_p99_ms"))
+        why = tune_why(record)
+        if record["status"] == MEASURED:
+            notes = (["best score"] if best and best[0]["id"] == record["id"] else []) + (
+                ["on the Pareto front"] if record["id"] in front else [])
+            why = ", ".join(notes)
+        rows_.append({
+            "id": record["id"] + (" (incumbent)" if record.get("incumbent") else ""),
+            "changes": (["the host's settings"] if record.get("incumbent") else
+                        changed_settings(incumbent, record) if incumbent else []),
+            "status": TUNE_STATUS_TEXT.get(record["status"], record["status"]),
+            "status_class": {MEASURED: "passed", MISSED_GATE: "doubtful"}.get(record["status"], "failed"),
+            "score": _marked(f"{score:.0f}", simulated) if score is not None else "",
+            "ttft": _marked(f"{ttft:.1f} ms", simulated) if ttft is not None else "",
+            "round": _round_text(record),
+            "why": why,
+        })
+    gates, source = tune_gates(run, ledger_gates)
+    return {
+        "name": run.name, "plot": run.plot, "rows": rows_, "simulated": run.simulated,
+        "counts": ", ".join(f"{sum(record['status'] == status for record in candidates)} {text}"
+                            for status, text in TUNE_STATUS_TEXT.items()
+                            if any(record["status"] == status for record in candidates)),
+        "best": best[0]["id"] if best else None,
+        "gates": [f"{gate:g}" for gate in gates], "gate_source": source,
+        "proposal": _proposal_cells(run),
+    }
+
+
+def _proposal_cells(run: TuneRun) -> dict | None:
+    """The candidate proposal.yml deploys (the one whose settings it holds), and its header."""
+    if run.proposal is None:
+        return None
+    settings = run.proposal["settings"]
+    matched = next((record for record in run.candidates
+                    if {section: record["settings"].get(section) or {} for section in SECTIONS} == settings), None)
+    if matched is None:
+        chosen = "settings that no candidate of the run has"
+    elif matched.get("incumbent"):
+        chosen = f"the incumbent {matched['id']}: no candidate beat it"
+    else:
+        chosen = f"candidate {matched['id']}"
+    return {"file": f"{run.name}/{TUNE_PROPOSAL}", "chosen": chosen, "header": run.proposal["header"]}
+
+
+TUNE_TABLE_COLUMNS = ("candidate", "settings unlike the incumbent's", "status", "score", "TTFT p99", "round",
+                      "why")
+
+
 # --- the cells of a table ------------------------------------------------------------------------
 
 
@@ -775,9 +1106,10 @@ CANARY_TABLE_COLUMNS = ("release", "canary", "baseline", "baseline kind", "basel
                         "trials", "reasons")
 
 
-def page(fleet: str, lines: list[dict], table: list[Row], plotted: dict, judged: list[Analysis]) -> str:
-    """index.html, files/report/index.html.j2 filled in (autoescaped) with the ledger's rows and
-    its canary analyses."""
+def page(fleet: str, lines: list[dict], table: list[Row], plotted: dict, judged: list[Analysis],
+         runs: list[TuneRun] = ()) -> str:
+    """index.html, files/report/index.html.j2 filled in (autoescaped) with the ledger's rows, its
+    canary analyses and the tuning runs."""
     points = plotted["score"] + plotted["deviation"] + [
         point for key, _name in LATENCIES for percentile in PERCENTILES for point in plotted["latency"][key][percentile]]
     times = [str(line["time"]) for line in lines if line.get("time")]
@@ -785,7 +1117,8 @@ def page(fleet: str, lines: list[dict], table: list[Row], plotted: dict, judged:
         INDEX_TEMPLATE,
         fleet=fleet, lines=len(lines), last=max(times) if times else None,
         releases=len(plotted["releases"]), hosts=len(dict.fromkeys(row.host for row in table)),
-        simulated=any(point.simulated for point in points) or any(analysis.simulated for analysis in judged),
+        simulated=(any(point.simulated for point in points) or any(analysis.simulated for analysis in judged)
+                   or any(run.simulated for run in runs)),
         sim=SIM,
         plots={"score": SCORE_PLOT, "latency": LATENCY_PLOT, "quality": QUALITY_PLOT},
         weights=plotted["weights"], gates=[f"{gate:g}" for gate in plotted["gates"]],
@@ -796,12 +1129,15 @@ def page(fleet: str, lines: list[dict], table: list[Row], plotted: dict, judged:
               for row in table],
         canary_columns=CANARY_TABLE_COLUMNS,
         analyses=[canary_cells(analysis) for analysis in judged],
+        tune_columns=TUNE_TABLE_COLUMNS,
+        runs=[tune_cells(run, plotted["gates"]) for run in runs],
     )
 
 
-def render(lines: list[dict], fleet: str) -> dict[str, bytes]:
-    """The report of a ledger's lines, file name -> bytes: the three PNG plots, a canary plot per
-    canary analysis (none when the ledger has none), and index.html."""
+def render(lines: list[dict], fleet: str, runs: list[TuneRun] = ()) -> dict[str, bytes]:
+    """The report of a ledger's lines and of the tuning runs (load_tuning_runs), file name ->
+    bytes: the three PNG plots, a canary plot per canary analysis (none when the ledger has
+    none), a tuning plot per run, and index.html."""
     table = rows(lines)
     plotted = series(table)
     hosts = list(dict.fromkeys(row.host for row in table))
@@ -810,7 +1146,9 @@ def render(lines: list[dict], fleet: str) -> dict[str, bytes]:
         files = {name: png(figure) for name, figure in figures(plotted, hosts).items()}
         for analysis in judged:
             files[analysis.plot] = png(canary_figure(analysis))
-    files[INDEX] = page(fleet, lines, table, plotted, judged).encode("utf-8")
+        for run in runs:
+            files[run.plot] = png(tune_figure(run, plotted["gates"]))
+    files[INDEX] = page(fleet, lines, table, plotted, judged, runs).encode("utf-8")
     return files
 
 

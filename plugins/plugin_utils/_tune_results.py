@@ -18,7 +18,8 @@ A record:
      "round": 1, "factor": 0.25,    # the search round and its bench length (null when not run)
      "time": "2026-01-01T12:00:00Z",
      "figures": {"score": ..., "output_tps": ..., "input_tps": ..., "ttft_p99_ms": ...,
-                 "tpot_p99_ms": ..., "requests": ..., "simulated": ...},
+                 "tpot_p99_ms": ..., "requests": ..., "simulated": ...,
+                 "gate_score": ...},        # the throughput gate the score was judged against
      "problems": [...],             # invalid: why the deploy's checks refuse it
      "log_tail": "...",             # failed_to_start: the end of the engine's log
      "gates": [...]}                # missed_gate: the summary of each gate it missed
@@ -56,6 +57,7 @@ FIGURES = (
     ("tpot_p99_ms", ("tpot_ms", "p99")),
     ("requests", ("requests",)),
     ("simulated", ("simulated",)),
+    ("gate_score", ("gate", "score")),
 )
 # How much of a torn line a warning shows.
 FRAGMENT_CHARS = 80
@@ -226,6 +228,12 @@ def proposal(best: dict, incumbent: dict, about: dict | None = None) -> str:
 def write_proposal(path: str | os.PathLike, best: dict, incumbent: dict, about: dict | None = None) -> None:
     """Write proposal(best, incumbent, about) to path, whole or not at all."""
     write_atomic(path, proposal(best, incumbent, about))
+
+
+def changed_settings(before: dict, after: dict) -> list[str]:
+    """`<section>.<key> <old> -> <new>` for each engine setting that `after` sets otherwise than
+    `before` (records or candidates), sections in order, keys sorted."""
+    return _changes(_settings(before), _settings(after))
 
 
 def _settings(item: dict) -> dict:

@@ -1,6 +1,7 @@
-"""biv100.serving.serving_report: the fleet's ledger drawn on the controller, through
-ActionModule.run() and through real ansible-playbook runs of the collection's report playbook,
-which find the ledger where the ledger callback writes it and change nothing anywhere else."""
+"""biv100.serving.serving_report: the fleet's ledger and the tuning runs drawn on the controller,
+through ActionModule.run() and through real ansible-playbook runs of the collection's report
+playbook, which find the ledger where the ledger callback writes it and the tuning runs in
+build/tune, and change nothing anywhere else."""
 
 from __future__ import annotations
 
@@ -19,6 +20,8 @@ from ansible.template import Templar, trust_as_template
 
 from ansible_collections.biv100.serving.plugins.action import serving_report as report_action
 from ansible_collections.biv100.serving.plugins.plugin_utils._report import INDEX, PLOTS
+from ansible_collections.biv100.serving.plugins.plugin_utils._tune_results import append_candidate, candidate_record
+from ansible_collections.biv100.serving.plugins.plugin_utils._tune_space import make_candidate
 
 REPO = Path(__file__).resolve().parents[4]
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
@@ -44,6 +47,28 @@ LINES = [
      "bench": bench(8400.0), "quality": quality(-0.012)},
     {"time": "2026-12-01T12:00:00Z", "host": "h1", "playbook": "deploy.yml", "release": "sub511", "state": "good"},
 ]
+
+
+INCUMBENT = make_candidate({"engine_args": {"max_num_seqs": 4}, "engine_allocator": {}, "engine_env": {}},
+                           incumbent=True)
+WIDER = make_candidate({**INCUMBENT, "engine_args": {"max_num_seqs": 8}})
+
+
+@pytest.fixture(autouse=True)
+def no_tuning_runs_of_the_checkout(monkeypatch, tmp_path):
+    """The action's default folder of tuning runs is the project's build/tune, here this
+    checkout's: the tests name theirs, so that runs tune.yml left there change nothing."""
+    monkeypatch.setattr(report_action, "tune_dir", lambda: tmp_path / "no-tuning-runs")
+
+
+def write_tuning_run(folder: Path, name: str) -> Path:
+    """A run of tune.yml: the incumbent and one wider candidate measured, one round."""
+    path = folder / name / "candidates.jsonl"
+    for candidate, score in ((INCUMBENT, 7800.0), (WIDER, 8300.0)):
+        append_candidate(path, candidate_record(
+            candidate, "measured", round_number=1, factor=1.0, time="2026-12-01T14:00:00Z",
+            figures={"score": score, "ttft_p99_ms": score / 20, "simulated": True, "gate_score": 8000.0}))
+    return path
 
 
 def write_ledger(folder: Path, lines=None) -> Path:
@@ -132,6 +157,45 @@ def test_a_canary_plot_is_returned_with_the_plots_and_removed_when_its_analysis_
     assert not third["changed"] and third["files_removed"] == third["files_changed"] == []
 
 
+def test_tuning_runs_are_drawn_and_a_tuning_plot_is_removed_when_its_run_is_gone(tmp_path):
+    ledger = write_ledger(tmp_path / "ledger")
+    tunes, dest = tmp_path / "tune", tmp_path / "report"
+    write_tuning_run(tunes, "run-1")
+    write_tuning_run(tunes, "run-2")
+    args = {"ledger_dir": str(ledger), "dest": str(dest), "tune_dir": str(tunes)}
+
+    first = run_action(args)
+    assert first["tuning_runs"] == ["run-1", "run-2"] and first["tune_dir"] == str(tunes)
+    assert first["plots"] == [str(dest / name) for name in [*PLOTS, "tune-run-1.png", "tune-run-2.png"]]
+    assert first["msg"].endswith(f"3 lines of {ledger / 'ledger.jsonl'} and 2 tuning runs of {tunes}: {dest / INDEX}")
+    assert (dest / "tune-run-2.png").read_bytes().startswith(PNG_SIGNATURE)
+    assert "Tuning runs" in (dest / INDEX).read_text() and WIDER["id"] in (dest / INDEX).read_text()
+
+    (tunes / "run-2" / "candidates.jsonl").unlink()
+    checked = run_action(args, check_mode=True)
+    assert checked["files_removed"] == ["tune-run-2.png"] and (dest / "tune-run-2.png").is_file()
+    second = run_action(args)
+    assert second["files_removed"] == ["tune-run-2.png"] and second["files_changed"] == [INDEX]
+    assert sorted(path.name for path in dest.iterdir()) == sorted([*PLOTS, INDEX, "tune-run-1.png"])
+    assert not run_action(args)["changed"]
+
+
+def test_without_tuning_runs_the_page_says_so_and_a_tune_dir_named_must_exist(tmp_path):
+    ledger = write_ledger(tmp_path / "ledger")
+    result = run_action({"ledger_dir": str(ledger), "dest": str(tmp_path / "report")})
+    assert result["tuning_runs"] == [] and result["tune_dir"] == str(tmp_path / "no-tuning-runs")
+    assert "No tuning run found" in (tmp_path / "report" / INDEX).read_text()
+
+    with pytest.raises(AnsibleActionFail, match=f"tune_dir {tmp_path / 'absent'} is not a folder"):
+        run_action({"ledger_dir": str(ledger), "dest": str(tmp_path / "other"), "tune_dir": str(tmp_path / "absent")})
+    broken = tmp_path / "tune" / "run" / "candidates.jsonl"
+    broken.parent.mkdir(parents=True)
+    broken.write_text("{}\n")
+    with pytest.raises(AnsibleActionFail, match=f"{broken}: line 1 has no id"):
+        run_action({"ledger_dir": str(ledger), "dest": str(tmp_path / "other"), "tune_dir": str(tmp_path / "tune")})
+    assert not (tmp_path / "other").exists()
+
+
 def test_the_variable_serving_ledger_dir_names_the_ledger_as_for_the_callback(tmp_path):
     write_ledger(tmp_path / "fleet-ledger")
     result = run_action({"dest": str(tmp_path / "report")},
@@ -192,6 +256,16 @@ def test_the_playbook_draws_the_fleets_ledger_into_build_report_and_adds_no_ledg
     assert "gpu1" not in first + second  # the inventory's host is never contacted
     # The report's own task is the collection's, yet the run leaves the ledger as it was.
     assert ledger.read_bytes() == before and not (project.root / "ledger" / "fleet" / "LEDGER.md").exists()
+
+
+def test_the_playbook_draws_the_tuning_runs_of_the_projects_build_tune(project):
+    write_tuning_run(project.root / "build" / "tune", "20261201T140000Z")
+
+    output = project()
+
+    report = project.root / "build" / "report" / "fleet"
+    assert (report / "tune-20261201T140000Z.png").is_file()
+    assert f"and 1 tuning runs of {project.root}/build/tune: {report / INDEX}" in output
 
 
 def test_the_ledger_is_found_where_the_callback_would_write_it(project):

@@ -1,5 +1,6 @@
 """The report of a fleet's ledger: one point per release and host that has the figure, in the
-ledger's order; simulated figures marked; the same bytes for the same ledger; the page's table."""
+ledger's order; simulated figures marked; the same bytes for the same ledger; the page's table;
+and a plot and a table per tuning run, read from the files tune.yml writes."""
 
 from __future__ import annotations
 
@@ -31,10 +32,18 @@ from ansible_collections.biv100.serving.plugins.plugin_utils._report import (
     gate_cells,
     load_ledger,
     plot_names,
+    load_tuning_runs,
     render,
     rows,
     series,
+    tune_figure,
 )
+from ansible_collections.biv100.serving.plugins.plugin_utils._tune_results import (
+    append_candidate,
+    candidate_record,
+    write_proposal,
+)
+from ansible_collections.biv100.serving.plugins.plugin_utils._tune_space import make_candidate
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 HOSTS = ("h1", "h2", "h3")
@@ -599,3 +608,198 @@ def test_the_page_lists_each_analysis_with_its_baseline_verdict_and_reasons_abov
     assert '<span class="failed">fail (sim)</span>' in text and '<span class="doubtful">marginal' in text
     assert "<h3>r1 on h1, 2026-12-01T10:03:00Z: fail, score 0</h3>" in text
     assert hostile not in text and "&lt;b&gt;x&lt;/b&gt;" in text
+
+
+# --- tuning runs --------------------------------------------------------------------------------------
+
+TUNE_BASE = {"engine_args": {"max_num_seqs": 4, "max_num_batched_tokens": 4096}, "engine_allocator": {},
+             "engine_env": {}}
+TUNE_INCUMBENT = make_candidate(TUNE_BASE, incumbent=True)
+
+
+def tune_candidate(**engine_args):
+    return make_candidate({**TUNE_BASE, "engine_args": {**TUNE_BASE["engine_args"], **engine_args}})
+
+
+SEQS_8, SEQS_16, SEQS_32, SEQS_64, SEQS_0, SEQS_12 = (tune_candidate(max_num_seqs=seqs)
+                                                      for seqs in (8, 16, 32, 64, 0, 12))
+
+
+def tune_figures(score, ttft, simulated=True, gate=7500.0):
+    return {"score": score, "output_tps": score / 1.1, "input_tps": 1000.0, "ttft_p99_ms": ttft,
+            "tpot_p99_ms": 3.0, "requests": 24, "simulated": simulated, "gate_score": gate}
+
+
+def tune_run(folder, name="20260101T000000Z", simulated=True, gate=7500.0, proposal=True):
+    """A run of two rounds as tune.yml writes it: the incumbent and 8, 16 measured in both (16 the
+    best, 8 dominated in round 1 but on the front in round 2), 32 missing the quality gate, 64 out
+    of memory, 0 invalid, 12 measured once and dropped after round 1; proposal.yml for 16."""
+    path = folder / name / "candidates.jsonl"
+
+    def add(candidate, status, round_number=None, factor=None, **extra):
+        append_candidate(path, candidate_record(candidate, status, round_number=round_number, factor=factor,
+                                                time="2026-01-01T00:00:00Z", **extra))
+
+    def measured(candidate, round_number, score, ttft):
+        add(candidate, "measured", round_number, 0.5 * round_number,
+            figures=tune_figures(score, ttft, simulated, gate))
+
+    add(SEQS_0, "invalid", problems=["engine_args.max_num_seqs: 0 is below 1\n(the host's CLI)", "another"])
+    measured(TUNE_INCUMBENT, 1, 7800.0, 300.0)
+    measured(SEQS_8, 1, 7700.0, 360.0)
+    measured(SEQS_16, 1, 8600.0, 420.0)
+    add(SEQS_32, "missed_gate", 1, 0.5, figures=tune_figures(8900.0, 700.0, simulated, gate),
+        gates=["quality gate: deviation -5.2 %, gate ±4 %"])
+    add(SEQS_64, "failed_to_start", 1, 0.5, log_tail="loading the model\ntorch.OutOfMemoryError: CUDA out of memory\n\n")
+    measured(SEQS_12, 1, 7000.0, 500.0)
+    measured(TUNE_INCUMBENT, 2, 7810.0, 290.0)
+    measured(SEQS_8, 2, 8200.0, 330.0)
+    measured(SEQS_16, 2, 8650.0, 410.0)
+    if proposal:
+        records = {record["id"]: record for record in map(json.loads, path.read_text().splitlines())}
+        write_proposal(path.parent / "proposal.yml", records[SEQS_16["id"]], records[TUNE_INCUMBENT["id"]],
+                       {"run": name, "host": "lab-h1"})
+    return path
+
+
+def lines_of(figure, gid) -> list:
+    return [line for axes in figure.axes for line in axes.lines if line.get_gid() == gid]
+
+
+def texts(figure) -> str:
+    return "\n".join(text.get_text() for axes in figure.axes for text in axes.texts)
+
+
+def test_a_tuning_run_is_drawn_each_candidate_at_its_last_round(tmp_path):
+    tune_run(tmp_path)
+    [run] = load_tuning_runs(tmp_path)
+    figure = tune_figure(run, [])
+    points = plotted_points(figure)
+
+    assert run.name == "20260101T000000Z" and run.plot == "tune-20260101T000000Z.png"
+    # Round 2's figures for the candidates it ran, round 1's for the one it dropped.
+    assert points["tune:measured:2"] == [(330.0, 8200.0), (410.0, 8650.0)]
+    assert points["tune:measured:1"] == [(500.0, 7000.0)]
+    assert points["tune:incumbent"] == [(290.0, 7810.0)]
+    assert points["tune:missed_gate"] == [(700.0, 8900.0)]
+    [front] = lines_of(figure, "tune:front")
+    assert list(front.get_xdata()) == [290.0, 330.0, 410.0] and list(front.get_ydata()) == [7810.0, 8200.0, 8650.0]
+    assert front.get_drawstyle() == "steps-post"
+    [gate] = lines_of(figure, "tune:gate")
+    assert list(gate.get_ydata()) == [7500.0, 7500.0]
+    assert "throughput gate: score ≥ 7500, as the candidates recorded it" in legend_labels(figure)
+    assert f"incumbent {TUNE_INCUMBENT['id']}" in legend_labels(figure)
+    assert "measured, last in round 2 (bench × 1)" in legend_labels(figure)
+    # The front is labelled with its ids; the candidates without a point are listed with why.
+    assert {TUNE_INCUMBENT["id"], SEQS_8["id"], SEQS_16["id"]} <= set(texts(figure).split("\n"))
+    assert f"{SEQS_64['id']}: failed to start - torch.OutOfMemoryError: CUDA out of memory" in texts(figure)
+    assert f"{SEQS_0['id']}: invalid, never started - engine_args.max_num_seqs: 0 is below 1\n" in texts(figure)
+    assert SEQS_32["id"] not in texts(figure)  # it has its point
+
+
+def test_the_gate_line_is_the_runs_own_else_the_ledgers(tmp_path):
+    def gate_of(folder, gate, ledger_gates):
+        tune_run(tmp_path / folder, gate=gate)
+        [run] = load_tuning_runs(tmp_path / folder)
+        figure = tune_figure(run, ledger_gates)
+        return [line.get_ydata()[0] for line in lines_of(figure, "tune:gate")], legend_labels(figure)
+
+    assert gate_of("recorded", 7500.0, [9000.0])[0] == [7500.0]
+    gates, labels = gate_of("unrecorded", None, [9000.0])
+    assert gates == [9000.0] and "throughput gate: score ≥ 9000, as the ledger's figures recorded it" in labels
+    assert gate_of("nowhere", None, [])[0] == []
+
+
+def test_a_simulated_run_is_hollow_and_named_and_a_real_one_filled(tmp_path):
+    tune_run(tmp_path / "sim")
+    tune_run(tmp_path / "real", simulated=False)
+    [simulated], [real] = load_tuning_runs(tmp_path / "sim"), load_tuning_runs(tmp_path / "real")
+    drawn, real_drawn = tune_figure(simulated, []), tune_figure(real, [])
+
+    assert "simulated (lab engine stand-in)" in titles(drawn) and "simulated" not in titles(real_drawn)
+    for figure, alpha in ((drawn, 0), (real_drawn, 1)):
+        [points] = [c for c in figure.axes[0].collections if c.get_gid() == "tune:measured:2"]
+        assert all(face[3] == alpha for face in points.get_facecolors())
+    page = render([], "lab", [simulated])[INDEX].decode()
+    assert "Simulated figures." in page and "8650 (sim)" in page
+    assert "(sim)" not in render([], "lab", [real])[INDEX].decode()
+
+
+def test_tuning_plots_are_byte_identical_and_leave_the_ledgers_plots_as_they_were(tmp_path):
+    tune_run(tmp_path, name="b-run")
+    tune_run(tmp_path, name="a run: 1")
+    (tmp_path / "no-results").mkdir()
+    runs = load_tuning_runs(tmp_path)
+    first, second = render(ledger(3), "lab", runs), render(ledger(3), "lab", load_tuning_runs(tmp_path))
+    without = render(ledger(3), "lab")
+
+    assert [run.name for run in runs] == ["a run: 1", "b-run"]
+    assert plot_names(first) == [*PLOTS, "tune-a_run_1.png", "tune-b-run.png"]
+    assert first == second
+    assert {name: first[name] for name in PLOTS} == {name: without[name] for name in PLOTS}
+    with Image.open(BytesIO(first["tune-b-run.png"])) as image:
+        image.verify()
+    assert b"Software" not in first["tune-b-run.png"]
+
+
+def test_the_page_lists_each_runs_candidates_with_why_and_the_proposal(tmp_path):
+    tune_run(tmp_path)
+    text = render(ledger(1), "lab", load_tuning_runs(tmp_path))[INDEX].decode()
+    page = Cells()
+    page.feed(text)
+
+    assert page.images[-1] == "tune-20260101T000000Z.png"
+    header = ["candidate", "settings unlike the incumbent's", "status", "score", "TTFT p99", "round", "why"]
+    start = page.rows.index(header)
+    assert page.rows[start + 1:] == [
+        [SEQS_0["id"], "engine_args.max_num_seqs 4 -> 0", "invalid, never started", "", "", "",
+         "engine_args.max_num_seqs: 0 is below 1"],
+        [f"{TUNE_INCUMBENT['id']} (incumbent)", "the host's settings", "measured", "7810 (sim)", "290.0 ms (sim)",
+         "2 (× 1)", "on the Pareto front"],
+        [SEQS_8["id"], "engine_args.max_num_seqs 4 -> 8", "measured", "8200 (sim)", "330.0 ms (sim)", "2 (× 1)",
+         "on the Pareto front"],
+        [SEQS_16["id"], "engine_args.max_num_seqs 4 -> 16", "measured", "8650 (sim)", "410.0 ms (sim)", "2 (× 1)",
+         "best score, on the Pareto front"],
+        [SEQS_32["id"], "engine_args.max_num_seqs 4 -> 32", "missed a gate", "8900 (sim)", "700.0 ms (sim)",
+         "1 (× 0.5)", "quality gate: deviation -5.2 %, gate ±4 %"],
+        [SEQS_64["id"], "engine_args.max_num_seqs 4 -> 64", "failed to start", "", "", "1 (× 0.5)",
+         "torch.OutOfMemoryError: CUDA out of memory"],
+        [SEQS_12["id"], "engine_args.max_num_seqs 4 -> 12", "measured", "7000 (sim)", "500.0 ms (sim)", "1 (× 0.5)",
+         ""]]
+    assert ("<h3>20260101T000000Z: 4 measured, 1 missed a gate, 1 failed to start, 1 invalid, never started</h3>"
+            in text)
+    assert f"The best eligible candidate by score: {SEQS_16['id']}; the throughput gate: a score of 7500" in text
+    assert f"20260101T000000Z/proposal.yml proposes candidate {SEQS_16['id']}." in text
+    assert "# " not in text and "host: lab-h1" in text
+
+
+def test_a_run_without_a_proposal_or_an_eligible_candidate_says_so_and_no_run_gives_a_line(tmp_path):
+    path = tmp_path / "r" / "candidates.jsonl"
+    append_candidate(path, candidate_record(TUNE_INCUMBENT, "failed_to_start", round_number=1, factor=1.0, log_tail=""))
+    [run] = load_tuning_runs(tmp_path)
+    text = render([], "lab", [run])[INDEX].decode()
+    assert "No candidate of this run cleared every gate." in text and "No proposal.yml" in text
+    assert "the engine&#39;s log was empty" in text
+    assert "no candidate of this run has a score and a TTFT p99 to place it" in texts(tune_figure(run, []))
+
+    assert load_tuning_runs(tmp_path / "absent") == []
+    files = render(ledger(1), "lab", [])
+    assert not [name for name in files if name.startswith("tune-")]
+    assert "No tuning run found" in files[INDEX].decode()
+
+
+def test_a_torn_last_line_is_warned_about_and_a_broken_file_named(tmp_path):
+    path = tune_run(tmp_path, proposal=False)
+    with open(path, "a", encoding="utf-8") as stream:
+        stream.write('{"id": "c-cut')
+    warnings = []
+    [run] = load_tuning_runs(tmp_path, warnings.append)
+    assert len(run.candidates) == 7 and len(warnings) == 1 and "cut short" in warnings[0]
+
+    path.write_text("not json\n")
+    with pytest.raises(ReportError, match=f"{path}: line 1: not JSON"):
+        load_tuning_runs(tmp_path)
+    path.write_text(json.dumps({"id": "x", "status": "measured"}) + "\n")
+    (path.parent / "proposal.yml").write_text("- a list\n")
+    with pytest.raises(ReportError, match="proposal.yml: not the mapping of engine settings"):
+        load_tuning_runs(tmp_path)

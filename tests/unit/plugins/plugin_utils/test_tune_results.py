@@ -15,6 +15,7 @@ from ansible_collections.biv100.serving.plugins.plugin_utils._tune_results impor
     append_candidate,
     bench_figures,
     candidate_record,
+    changed_settings,
     proposal,
     read_candidates,
     read_records,
@@ -43,8 +44,9 @@ def test_a_record_keeps_the_settings_the_status_and_the_figures():
                      "engine_env": {}},
         "status": "measured", "round": 1, "factor": 1.0, "time": "2026-01-01T00:00:00Z",
         "figures": {"score": 9100.5, "output_tps": 6000.0, "input_tps": 24000.0, "ttft_p99_ms": 310.0,
-                    "tpot_p99_ms": 2.5, "requests": 24, "simulated": True}}
+                    "tpot_p99_ms": 2.5, "requests": 24, "simulated": True, "gate_score": None}}
     assert bench_figures({"score": 1.0})["ttft_p99_ms"] is None
+    assert bench_figures({"score": 1.0, "gate": {"score": 2.0, "passed": False}})["gate_score"] == 2.0
     assert candidate_record(FASTER, "invalid", problems=["x"])["time"].endswith("Z")
 
 
@@ -151,6 +153,13 @@ def test_the_proposal_is_the_whole_settings_to_deploy_with_what_they_were_measur
             "engine_allocator.expandable_segments (unset) -> true") in header
     assert "# The figures are simulated: measured against the lab's engine stand-in." in header
     assert text.index("---") > text.index(header[-1])
+
+
+def test_changed_settings_name_each_setting_a_record_sets_otherwise_than_the_incumbent():
+    assert changed_settings(record(INCUMBENT), record()) == [
+        "engine_args.max_num_batched_tokens 4096 -> 8192", "engine_args.max_num_seqs 2 -> 8",
+        "engine_allocator.expandable_segments (unset) -> true"]
+    assert changed_settings(INCUMBENT, record(INCUMBENT)) == []
 
 
 def test_without_a_better_candidate_the_proposal_says_the_incumbent_stays():
