@@ -56,6 +56,8 @@ from pathlib import Path
 
 import yaml
 
+from ansible_collections.biv100.serving.plugins.plugin_utils._named_file import named_file
+
 BENCH_DIR = Path(__file__).resolve().parents[2] / "files" / "bench"
 WORKLOAD_KEYS = {"name", "description", "requests", "duration_seconds", "warmup", "concurrency", "seed",
                  "stream", "temperature", "mix"}
@@ -147,16 +149,7 @@ class Workload:
 def workload_path(workload: str, find=None) -> Path:
     """A name of files/bench (no slash, no .yml) or a path; `find` resolves a relative path
     (the action finds it beside the playbook)."""
-    if "/" not in workload and not workload.endswith((".yml", ".yaml")):
-        path = BENCH_DIR / f"{workload}.yml"
-        if not path.is_file():
-            known = ", ".join(sorted(item.stem for item in BENCH_DIR.glob("*.yml")))
-            raise WorkloadError(f"workload {workload!r} is not one of files/bench ({known}) nor a path")
-        return path
-    path = Path(find(workload) if find else workload)
-    if not path.is_file():
-        raise WorkloadError(f"workload file {path} does not exist")
-    return path
+    return named_file(workload, BENCH_DIR, "workload", WorkloadError, find)
 
 
 def load_workload(path: Path | str, datasets: dict | None = None) -> Workload:

@@ -102,10 +102,9 @@ def analyse(canary: dict, baseline: dict, *, margin: float, request_margin: floa
             pass_score: float, marginal_score: float, confidence: float, accept=()) -> dict:
     """The judge's analysis of the canary's samples against the baseline's, with whether the rollout
     may go on: on a pass, or on a verdict `accept` names (never a fail)."""
-    unknown = sorted(set(accept) - set(VERDICTS_ACCEPTABLE))
-    if unknown:
-        raise ValueError(f"serving_canary_accept: {', '.join(unknown)} cannot be accepted; it takes "
-                         f"{' and '.join(VERDICTS_ACCEPTABLE)}")
+    problem = accept_problem(accept)
+    if problem:
+        raise ValueError(problem)
     analysis = judge(metrics(margin, request_margin, quality_margin), canary, baseline, weights=WEIGHTS,
                      pass_score=pass_score, marginal_score=marginal_score, confidence=confidence)
     analysis["promote"] = analysis["verdict"] == "pass" or analysis["verdict"] in accept
@@ -181,11 +180,19 @@ def canary_settings(given: dict | None) -> tuple[dict, list[str]]:
     if isinstance(accept, str):
         accept = [word.strip() for word in accept.split(",") if word.strip()]
     settings["accept"] = list(accept) if isinstance(accept, (list, tuple)) else [accept]
-    unknown = [value for value in settings["accept"] if value not in VERDICTS_ACCEPTABLE]
-    if unknown:
-        problems.append(f"serving_canary_accept: {', '.join(map(str, unknown))} cannot be accepted; it takes "
-                        f"{' and '.join(VERDICTS_ACCEPTABLE)} (a fail never goes on)")
+    problem = accept_problem(settings["accept"])
+    if problem:
+        problems.append(problem)
     return settings, problems
+
+
+def accept_problem(accept) -> str | None:
+    """Why serving_canary_accept names a verdict that cannot let a rollout go on, or None."""
+    unknown = [str(value) for value in accept if value not in VERDICTS_ACCEPTABLE]
+    if not unknown:
+        return None
+    return (f"serving_canary_accept: {', '.join(unknown)} cannot be accepted; it takes "
+            f"{' and '.join(VERDICTS_ACCEPTABLE)} (a fail never goes on)")
 
 
 def canary_plan(order, hosts: dict, *, enabled: bool = True, measured: bool = True, first_batch: int = 1,

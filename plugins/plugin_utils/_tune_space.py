@@ -62,6 +62,7 @@ import yaml
 
 from ansible_collections.biv100.serving.plugins.plugin_utils._allocator_conf import allocator_conf_problems
 from ansible_collections.biv100.serving.plugins.plugin_utils._engine_cli_args import engine_args_problems
+from ansible_collections.biv100.serving.plugins.plugin_utils._named_file import named_file
 
 TUNE_DIR = Path(__file__).resolve().parents[2] / "files" / "tune"
 SECTIONS = ("engine_args", "engine_allocator", "engine_env")
@@ -97,16 +98,7 @@ class TuneSpaceError(ValueError):
 def space_path(space: str, find=None) -> Path:
     """A name of files/tune (no slash, no .yml) or a path; `find` resolves a relative path (an
     action finds it beside the playbook)."""
-    if "/" not in space and not space.endswith((".yml", ".yaml")):
-        path = TUNE_DIR / f"{space}.yml"
-        if not path.is_file():
-            known = ", ".join(sorted(item.stem for item in TUNE_DIR.glob("*.yml")))
-            raise TuneSpaceError(f"tune space {space!r} is not one of files/tune ({known}) nor a path")
-        return path
-    path = Path(find(space) if find else space)
-    if not path.is_file():
-        raise TuneSpaceError(f"tune space file {path} does not exist")
-    return path
+    return named_file(space, TUNE_DIR, "tune space", TuneSpaceError, find)
 
 
 def load_space(space: str | Path, find=None) -> dict:
