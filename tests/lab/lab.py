@@ -334,7 +334,15 @@ def down(lab_dir: str | Path | None = None, lab_id: int | None = None) -> None:
     asked = LabId.resolve(lab_id)
     layout = LabDir(resolve_lab_dir(lab_dir, asked))
     with machine_lock():
-        built_as = _built_lab_id(layout) or asked
+        built_as = _built_lab_id(layout)
+        if built_as is None and (owner := _other_owner(layout, asked)):
+            # Nothing was built here; the lab id's network is another lab dir's, not ours to
+            # remove, and finding nothing to take down is not an error.
+            log.info("no lab is up in %s: nothing to take down (lab %d is up in %s: %s=%s "
+                     "python tests/lab/lab.py down takes it down)",
+                     layout.root, asked.number, owner, LAB_DIR_ENV, owner)
+            return
+        built_as = built_as or asked
         _refuse_lab_owned_elsewhere(layout, built_as)
         if not _teardown(layout, built_as):
             log.info("no lab is up in %s: nothing to take down", layout.root)
@@ -479,9 +487,14 @@ def _built_lab_id(layout: LabDir) -> LabId | None:
     return LabId(record["lab_id"]) if record else None
 
 
-def _refuse_lab_owned_elsewhere(layout: LabDir, lab_id: LabId) -> None:
+def _other_owner(layout: LabDir, lab_id: LabId) -> Path | None:
+    """The lab dir, other than this one, whose lab is up (or half up) under the lab id."""
     owner = _bridge_owner(lab_id)
-    if owner and owner != layout.root and (owner / "lab.json").exists():
+    return owner if owner and owner != layout.root and (owner / "lab.json").exists() else None
+
+
+def _refuse_lab_owned_elsewhere(layout: LabDir, lab_id: LabId) -> None:
+    if owner := _other_owner(layout, lab_id):
         raise LabBusyError(
             f"lab {lab_id.number} is up on this machine, built in {owner}, not {layout.root}. "
             f"Take it down first: {LAB_DIR_ENV}={owner} python tests/lab/lab.py down; or "

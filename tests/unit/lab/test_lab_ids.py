@@ -58,3 +58,25 @@ def test_gpu_counts_name_hosts_with_or_without_their_labs_prefix():
     assert lab._gpu_counts(3, {"h2": 2, "lab-h1": 8, "lab4-h3": 0}) == [8, 2, 0]
     with pytest.raises(lab.LabError, match="h1 to h3"):
         lab._gpu_counts(3, {"lab4-h4": 2})
+
+
+def test_down_on_a_lab_dir_with_nothing_built_leaves_another_dirs_lab_of_its_id_alone(
+        monkeypatch, tmp_path, caplog):
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "lab.json").write_text('{"state": "up", "lab_id": 0}')
+    monkeypatch.delenv(lab.LAB_ID_ENV, raising=False)
+    monkeypatch.setattr(lab, "MACHINE_LOCK", tmp_path / "machine.lock")
+    monkeypatch.setattr(lab, "_bridge_owner", lambda lab_id: other)
+    torn_down = []
+    monkeypatch.setattr(lab, "_teardown", lambda layout, lab_id: torn_down.append(lab_id))
+    caplog.set_level("INFO")
+    lab.down(tmp_path / "empty")
+    assert torn_down == []
+    assert f"lab 0 is up in {other}" in caplog.text
+    # The same dir holding a lab of that id is a real conflict: refused, nothing removed.
+    (tmp_path / "claims").mkdir()
+    (tmp_path / "claims" / "lab.json").write_text('{"state": "up", "lab_id": 0}')
+    with pytest.raises(lab.LabBusyError, match=f"built in {other}"):
+        lab.down(tmp_path / "claims")
+    assert torn_down == []
