@@ -335,9 +335,11 @@ def down(lab_dir: str | Path | None = None, lab_id: int | None = None) -> None:
     layout = LabDir(resolve_lab_dir(lab_dir, asked))
     with machine_lock():
         built_as = _built_lab_id(layout)
-        if built_as is None and (owner := _other_owner(layout, asked)):
-            # Nothing was built here; the lab id's network is another lab dir's, not ours to
-            # remove, and finding nothing to take down is not an error.
+        named = lab_id is not None or LAB_ID_ENV in os.environ
+        if built_as is None and not named and (owner := _other_owner(layout, asked)):
+            # Nothing was built here and no lab id was named: lab 0's network is another lab
+            # dir's, not ours to remove, and finding nothing to take down is not an error. A lab
+            # id named for this dir while its lab is elsewhere is refused below, naming where.
             log.info("no lab is up in %s: nothing to take down (lab %d is up in %s: %s=%s "
                      "python tests/lab/lab.py down takes it down)",
                      layout.root, asked.number, owner, LAB_DIR_ENV, owner)

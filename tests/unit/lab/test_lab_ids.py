@@ -74,7 +74,9 @@ def test_down_on_a_lab_dir_with_nothing_built_leaves_another_dirs_lab_of_its_id_
     lab.down(tmp_path / "empty")
     assert torn_down == []
     assert f"lab 0 is up in {other}" in caplog.text
-    # The same dir holding a lab of that id is a real conflict: refused, nothing removed.
+    # The lab id named for a dir of nothing, or a dir claiming it: refused, naming where it is.
+    with pytest.raises(lab.LabBusyError, match=f"built in {other}"):
+        lab.down(tmp_path / "empty", lab_id=0)
     (tmp_path / "claims").mkdir()
     (tmp_path / "claims" / "lab.json").write_text('{"state": "up", "lab_id": 0}')
     with pytest.raises(lab.LabBusyError, match=f"built in {other}"):
