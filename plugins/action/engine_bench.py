@@ -38,6 +38,7 @@ from ansible_collections.biv100.serving.plugins.plugin_utils._bench_workload imp
     WorkloadError,
     expand,
     load_workload,
+    shortened,
     workload_path,
 )
 from ansible_collections.biv100.serving.plugins.plugin_utils._project_folder import project_root
@@ -108,6 +109,8 @@ class ActionModule(ActionBase):
                                     "returns it, attach follows the job a detached task returned")
         if args["poll_seconds"] <= 0:
             raise AnsibleActionFail("poll_seconds must be above 0")
+        if not 0 < args["workload_factor"] <= 1:
+            raise AnsibleActionFail(f"workload_factor must be above 0 and at most 1, got {args['workload_factor']}")
         if not 0 <= args["max_failed_fraction"] <= 1:
             raise AnsibleActionFail("max_failed_fraction must be between 0 and 1")
         release = args["release"]
@@ -122,7 +125,8 @@ class ActionModule(ActionBase):
             if given:
                 raise AnsibleActionFail(f"{', '.join(given)}: a workload says its own; set it in the workload file")
             try:
-                workload = load_workload(workload_path(args["workload"], self._loader.path_dwim), args["datasets"])
+                workload = shortened(load_workload(workload_path(args["workload"], self._loader.path_dwim),
+                                                   args["datasets"]), args["workload_factor"])
                 concurrency = args["concurrency"] or workload.concurrency or args["max_num_seqs"]
                 if concurrency:
                     module_args["requests"] = expand(workload, args["served_model_name"], concurrency,

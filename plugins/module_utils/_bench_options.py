@@ -41,6 +41,7 @@ def argument_spec():
         # Read by the action, which sends the module only the requests it makes of them.
         workload=dict(type="str"),
         datasets=dict(type="dict", default={}),
+        workload_factor=dict(type="float", default=1.0),
         # Required by the action, which alone reads it.
         gate=dict(type="float"),
         max_failed_fraction=dict(type="float", default=0.05),

@@ -71,6 +71,14 @@ options:
       - Read only with O(workload).
     type: dict
     default: {}
+  workload_factor:
+    description:
+      - The fraction of the O(workload) to measure - of its measured requests (at least one) or
+        of its duration - with its warm-up, seed and mix kept; the short benches of
+        C(tune.yml)'s successive halving.
+      - Above 0 and at most 1. Read only with O(workload).
+    type: float
+    default: 1.0
   requests:
     description:
       - The requests, as chat completion request bodies, each sent as a C(POST) to

@@ -49,9 +49,10 @@ Every error names the file and the key (`files/bench/x.yml: mix[1].prompt_tokens
 from __future__ import annotations
 
 import json
+import math
 import random
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import yaml
@@ -144,6 +145,17 @@ class Workload:
     def summary(self) -> dict:
         return {"name": self.name, "file": self.file, "seed": self.seed, "requests": self.requests,
                 "warmup": self.warmup, "duration_seconds": self.duration_seconds, "stream": self.stream}
+
+
+def shortened(workload: Workload, factor: float) -> Workload:
+    """The workload cut to `factor` of its length - its measured requests (at least one) or its
+    duration - with its warm-up, seed and mix kept: tune.yml's short benches of successive
+    halving. A factor of 1 gives the workload itself."""
+    if factor >= 1:
+        return workload
+    return replace(workload,
+                   requests=None if workload.requests is None else max(1, math.ceil(workload.requests * factor)),
+                   duration_seconds=None if workload.duration_seconds is None else workload.duration_seconds * factor)
 
 
 def workload_path(workload: str, find=None) -> Path:

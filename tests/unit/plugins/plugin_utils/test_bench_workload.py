@@ -14,6 +14,7 @@ from ansible_collections.biv100.serving.plugins.plugin_utils._bench_workload imp
     count_tokens,
     expand,
     load_workload,
+    shortened,
     workload_path,
 )
 
@@ -186,3 +187,13 @@ def test_a_workload_is_a_name_of_files_bench_or_a_path(tmp_path):
         workload_path("nosuch")
     with pytest.raises(WorkloadError, match="does not exist"):
         workload_path(str(tmp_path / "absent.yml"))
+
+
+def test_a_shortened_workload_measures_its_fraction_with_the_same_warmup_seed_and_mix(tmp_path):
+    workload = load_workload(write(tmp_path, GOOD))
+    quarter = shortened(workload, 0.25)
+    assert (quarter.requests, quarter.warmup, quarter.seed, quarter.mix) == (3, 2, 5, workload.mix)
+    assert shortened(workload, 0.01).requests == 1
+    assert shortened(workload, 1.0) is workload
+    timed = load_workload(write(tmp_path, GOOD.replace("requests: 10", "duration_seconds: 40"), "timed.yml"))
+    assert (shortened(timed, 0.5).duration_seconds, shortened(timed, 0.5).requests) == (20.0, None)
