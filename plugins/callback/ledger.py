@@ -136,7 +136,10 @@ class CallbackModule(CallbackBase):
         action = result._task.resolved_action or result._task.action or ""
         answer = result._result
         entry = self._hosts.setdefault(result._host.get_name(), {})
-        if failed and "failure" not in entry:
+        # A tuning run's candidate that fails to start or misses a gate is the search's finding,
+        # recorded by the run (tune_search), not the host's failure.
+        candidates_failure = entry.get("_phase") == TUNE_CANDIDATE_PHASE and action != f"{COLLECTION}tune_search"
+        if failed and "failure" not in entry and not candidates_failure:
             entry["failure"] = f"{result._task.get_name()}: {failure_message(answer)}"
             if answer.get("log_tail"):
                 # A failed engine start's own words, for the post-mortem.
@@ -157,6 +160,10 @@ class CallbackModule(CallbackBase):
         if entry.get("_phase") == CANARY_PHASE and name in MEASURING:
             # The canary analysis' own measurements, its baseline's among them: the gates' figures
             # stay those the release was proven with, and the analysis has its own line.
+            return
+        if entry.get("_phase") in (TUNE_PHASE, TUNE_CANDIDATE_PHASE) and name in (*MEASURING, "engine_process"):
+            # A tuning run's candidates: the release's figures and engine stay those it was
+            # proven with, and the run has its own line (the restore that ends it is recorded).
             return
         record = RECORDERS.get(name)
         if record:
@@ -304,8 +311,18 @@ def _judged(entry, answer, failed):
         entry["canary"] = record
 
 
+def _tuned(entry, answer, failed):
+    # The proposal step alone says what the run found.
+    if isinstance(answer.get("tune"), dict):
+        entry["tune"] = answer["tune"]
+
+
 # The deploy's phase in which a host's measurements are the canary analysis', not its gates'.
 CANARY_PHASE = "canary"
+# tune.yml's phases: the run's, in which the engine runs and is measured with the candidates'
+# settings; and a candidate's, whose failures are what the search records of it.
+TUNE_PHASE = "tune"
+TUNE_CANDIDATE_PHASE = "tune candidate"
 MEASURING = ("engine_probe", "engine_bench", "engine_quality")
 # What each engine instance of a host has of its own; the rest (release, files, guard, rollback)
 # is the host's.
@@ -337,6 +354,7 @@ RECORDERS = {
     "engine_bench": _benched,
     "engine_quality": _scored,
     "canary_analysis": _judged,
+    "tune_search": _tuned,
 }
 
 
@@ -355,6 +373,8 @@ def outcome_line(entry: dict | None) -> str:
     parts.extend(gate_parts(entry))
     if entry.get("canary"):
         parts.append(canary_part(entry["canary"]))
+    if entry.get("tune"):
+        parts.append(tune_part(entry["tune"]))
     if entry.get("failure"):
         parts.append(f"failed at {one_line(entry['failure'])}")
     if entry.get("unreachable"):
@@ -378,6 +398,13 @@ def gate_parts(entry: dict) -> list[str]:
                   if isinstance(deviation, (int, float)) and quality.get("baseline") else "")
         parts.append(f"quality {quality['score']:.3f}{versus}" + (" [simulated]" if quality.get("simulated") else ""))
     return parts
+
+
+def tune_part(tune: dict) -> str:
+    """`tuning run 20261202T..: 25 candidates measured over space default, proposes c1a2b3c4d5e`."""
+    found = f"proposes {tune['proposed']}" if tune.get("proposed") else f"the incumbent {tune.get('incumbent')} stays"
+    return (f"tuning run {tune.get('run')}: {tune.get('measured')} candidates measured over space "
+            f"{tune.get('space')}, {found}")
 
 
 def canary_part(canary: dict) -> str:

@@ -195,6 +195,13 @@ gates:
   description: The gates' figures the release's record holds after the task, or null.
   returned: with O(state=query), O(state=good) or O(state=failed)
   type: dict
+engine:
+  description:
+    - The engine settings the release's record holds after the task (what a rollback to it
+      brings back, and what C(tune.yml) restores), or null.
+  returned: with O(state=query), O(state=good) or O(state=failed)
+  type: dict
+  sample: {args: {max_num_seqs: 2, max_num_batched_tokens: 4096}, allocator: {max_split_size_mb: 512}, env: {}}
 last_good:
   description:
     - The last good release before this one (along the records' predecessors) and the gates'
@@ -371,6 +378,7 @@ def release_read(module, store, release, record, baseline):
         drift=file_drift(module.params["package_root"], digests),
         files=len(digests),
         gates=record.get("gates"),
+        engine=record.get("engine"),
         last_good=last_good(store, record),
         quality_baseline=baseline,
     )
@@ -381,7 +389,7 @@ def query(module, store):
     baseline = quality_baseline(module, store, params["quality_baseline"] or "first_good")
     release = params["release"] or store.current_release()
     if release is None:
-        module.exit_json(changed=False, release=None, status=None, drift=[], files=0, gates=None,
+        module.exit_json(changed=False, release=None, status=None, drift=[], files=0, gates=None, engine=None,
                          last_good=None, quality_baseline=baseline, msg="no release in %s" % store.root)
     record = read_json(store.release_record(release))
     if record is None:

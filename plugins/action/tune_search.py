@@ -1,0 +1,456 @@
+# Copyright: biv100.serving maintainers
+# GNU General Public License v3.0+ (see LICENSES/GPL-3.0-or-later.txt or https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+"""biv100.serving.tune_search: the controller's side of tune.yml, one step at a time. The search's
+state is on disk, in build/tune/<run>/ (run.json, memory.jsonl, candidates.jsonl, final.json,
+proposal.yml): each step reads it and adds to it, so that a run killed at any point is resumed
+from what it wrote (-e tune_resume=<run>). No host is contacted; the role starts the engine
+and measures, this decides what it starts and keeps what it measured.
+
+- plan: load the space, begin the run (or check that a resumed one is the same host, instance
+  and incumbent), and give the starts of the memory step-down still to make.
+- round: the candidates of a round still to measure, the invalid ones recorded first (round 1).
+- record: append a candidate's (or a memory step's) record and say it in one progress line.
+- final: the best eligible candidates, to measure again beside the incumbent.
+- propose: judge those repeated trials against the incumbent's (the canary analysis' judge) and
+  write proposal.yml.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import statistics
+import time
+from pathlib import Path
+
+from ansible import constants as C
+from ansible.errors import AnsibleActionFail
+from ansible.plugins.action import ActionBase
+from ansible.utils.display import Display
+
+from ansible_collections.biv100.serving.plugins.module_utils._state_store import utc_timestamp
+from ansible_collections.biv100.serving.plugins.plugin_utils._atomic_file import write_atomic
+from ansible_collections.biv100.serving.plugins.plugin_utils._canary_analysis import (
+    SETTINGS as CANARY_SETTINGS,
+    analyse,
+    canary_record,
+    side_samples,
+)
+from ansible_collections.biv100.serving.plugins.plugin_utils._project_folder import project_root
+from ansible_collections.biv100.serving.plugins.plugin_utils._tune_results import (
+    FAILED_TO_START,
+    INVALID,
+    MEASURED,
+    MISSED_GATE,
+    STARTED,
+    TuneRecordError,
+    append_candidate,
+    bench_figures,
+    candidate_record,
+    changed_settings,
+    read_candidates,
+    read_records,
+    write_proposal,
+)
+from ansible_collections.biv100.serving.plugins.plugin_utils._tune_search import (
+    memory_choice,
+    memory_steps,
+    next_round,
+    pending,
+    ranked,
+    search_rounds,
+)
+from ansible_collections.biv100.serving.plugins.plugin_utils._tune_space import (
+    SECTIONS,
+    TuneSpaceError,
+    candidates,
+    incumbent_candidate,
+    load_space,
+    screen_candidates,
+)
+
+display = Display()
+
+STEPS = ("plan", "round", "record", "final", "propose")
+RUN_FILE = "run.json"
+CANDIDATES_FILE = "candidates.jsonl"
+MEMORY_FILE = "memory.jsonl"
+FINAL_FILE = "final.json"
+PROPOSAL_FILE = "proposal.yml"
+# The confidence of the judge's intervals, as the canary analysis' (Kayenta's 98 %).
+CONFIDENCE = 0.98
+# How much of a failed start's log a record keeps.
+LOG_TAIL_CHARS = 2000
+
+ARGUMENT_SPEC = {
+    "step": {"type": "str", "required": True, "choices": list(STEPS)},
+    "run_dir": {"type": "str"},
+    # plan
+    "run": {"type": "str"},
+    "resume": {"type": "str", "default": ""},
+    "space": {"type": "str", "default": "default"},
+    "host": {"type": "str"},
+    "instance": {"type": "str"},
+    "release": {"type": "str"},
+    "incumbent": {"type": "dict"},
+    "facts": {"type": "dict", "default": {}},
+    "results_dir": {"type": "path"},
+    # round
+    "round": {"type": "int"},
+    # record
+    "file": {"type": "str", "default": "candidates", "choices": ["candidates", "memory"]},
+    "candidate": {"type": "dict"},
+    "status": {"type": "str", "choices": [MEASURED, MISSED_GATE, FAILED_TO_START, STARTED]},
+    "factor": {"type": "float"},
+    "bench": {"type": "dict"},
+    "quality": {"type": "dict"},
+    "probes": {"type": "dict"},
+    "failure": {"type": "str"},
+    "log_tail": {"type": "str"},
+    # final
+    "finalists": {"type": "int", "default": 2},
+    # propose
+    "trials": {"type": "dict"},
+    "quality_margin": {"type": "float"},
+}
+# What each step needs besides step (and run_dir, which every step but plan needs).
+REQUIRED = {
+    "plan": ("run", "host", "instance", "release", "incumbent"),
+    "round": ("round",),
+    "record": ("candidate", "status"),
+    "final": (),
+    "propose": ("trials", "quality_margin"),
+}
+
+
+class ActionModule(ActionBase):
+    TRANSFERS_FILES = False
+    # Everything it reads and writes is on the controller.
+    _requires_connection = False
+    _supports_check_mode = False
+
+    def run(self, tmp=None, task_vars=None):
+        _valid, args = self.validate_argument_spec(argument_spec=ARGUMENT_SPEC)
+        result = super().run(tmp, task_vars)
+        step = args["step"]
+        missing = [name for name in REQUIRED[step] + (("run_dir",) if step != "plan" else ())
+                   if args.get(name) is None]
+        if missing:
+            raise AnsibleActionFail(f"step {step}: {', '.join(missing)} required")
+        try:
+            answer = getattr(self, f"_{step}")(args)
+        except (TuneSpaceError, TuneRecordError, ValueError) as error:
+            raise AnsibleActionFail(str(error)) from None
+        result.update(changed=step in ("record", "propose"), **answer)
+        return result
+
+    # --- plan -------------------------------------------------------------------------------
+
+    def _plan(self, args) -> dict:
+        for name in ("run", "resume"):
+            if args[name] and ("/" in args[name] or args[name].startswith(".")):
+                raise AnsibleActionFail(f"{'tune_resume' if name == 'resume' else name} must be a run's "
+                                        f"name such as 20261202T120000Z-123456, got {args[name]!r}")
+        root = project_root(C.CONFIG_FILE) / (args["results_dir"] or os.path.join("build", "tune"))
+        incumbent = incumbent_candidate(args["incumbent"])
+        about = {"host": args["host"], "instance": args["instance"], "release": args["release"],
+                 "incumbent": incumbent["id"]}
+        if args["resume"]:
+            run_dir = root / args["resume"]
+            state = _read_run(run_dir)
+            differs = [f"{key} {state.get(key)} then, {value} now" for key, value in about.items()
+                       if state.get(key) != value]
+            if differs:
+                raise AnsibleActionFail(
+                    f"tune_resume={args['resume']}: {run_dir} was a search of another setting ({'; '.join(differs)}): "
+                    "its figures would not be this host's; start a new run")
+            space = state["space"]
+            done = read_candidates(run_dir / CANDIDATES_FILE, warn=display.warning)
+            line = (f"{args['host']}: resuming tuning run {args['resume']} over space {space['name']}: "
+                    f"{len(done)} candidate(s) already recorded")
+        else:
+            run_dir = root / args["run"]
+            if (run_dir / RUN_FILE).exists():
+                raise AnsibleActionFail(f"{run_dir} holds a tuning run already: resume it with -e tune_resume={args['run']}")
+            space = load_space(args["space"], self._loader.path_dwim)
+            state = {**about, "run": args["run"], "space": space, "facts": args["facts"],
+                     "incumbent_settings": {section: incumbent[section] for section in SECTIONS},
+                     "started": utc_timestamp()}
+            write_atomic(str(run_dir / RUN_FILE), json.dumps(state, indent=1, sort_keys=True) + "\n")
+            line = (f"{args['host']}: tuning run {args['run']} over space {space['name']} "
+                    f"(at most {space['budget']['max_candidates']} full benches, {space['budget']['max_minutes']} min)")
+        steps, note = self._memory_plan(run_dir, state)
+        display.display(line + (f"; {note}" if note else ""))
+        return {"run": run_dir.name, "run_dir": str(run_dir), "space": space["name"],
+                "budget": space["budget"], "incumbent": incumbent, "memory_steps": steps,
+                "deadline": time.time() + 60 * space["budget"]["max_minutes"], "msg": line}
+
+    def _memory_plan(self, run_dir: Path, state: dict) -> tuple[list, str]:
+        """The memory step-down's starts still to make: none once one started."""
+        steps = memory_steps(state["space"], state["incumbent_settings"])
+        if not steps:
+            return [], ""
+        valid, invalid = screen_candidates(steps[:1], **_screening(state))
+        if invalid:
+            return [], ("the largest candidate cannot run (" + "; ".join(invalid[0]["problems"]) +
+                        "): no memory step-down")
+        records = read_candidates(run_dir / MEMORY_FILE, warn=display.warning)
+        if memory_choice(steps, records) is not None:
+            return [], f"gpu_memory_utilization {memory_choice(steps, records)} chosen before"
+        return [step for step in steps if step["id"] not in records], ""
+
+    # --- round ------------------------------------------------------------------------------
+
+    def _round(self, args) -> dict:
+        run_dir = Path(args["run_dir"])
+        state = _read_run(run_dir)
+        space = state["space"]
+        steps = memory_steps(space, state["incumbent_settings"])
+        memory = read_candidates(run_dir / MEMORY_FILE, warn=display.warning)
+        chosen = memory_choice(steps, memory)
+        listed = candidates(space, state["incumbent_settings"], gpu_memory_utilization=chosen)
+        valid, invalid = screen_candidates(listed, **_screening(state))
+        path = run_dir / CANDIDATES_FILE
+        records = read_records(path, warn=display.warning)
+        recorded = {record["id"] for record in records}
+        for candidate in invalid:
+            if candidate["id"] not in recorded:
+                append_candidate(path, candidate_record(candidate, INVALID, problems=candidate["problems"]))
+                display.display(f"{state['host']}: candidate {candidate['id']} ({_changes(state, candidate)}) is "
+                                f"invalid, never started: {'; '.join(candidate['problems'])}")
+        rounds = search_rounds(valid, space["budget"])
+        number = args["round"]
+        if not 1 <= number <= len(rounds):
+            raise AnsibleActionFail(f"round {number}: the search has rounds 1 to {len(rounds)}")
+        for position in range(1, number):
+            rounds[position]["ids"] = next_round(records, rounds[position - 1])
+        this = rounds[number - 1]
+        by_id = {candidate["id"]: candidate for candidate in valid}
+        waiting = [by_id[key] for key in pending(this, records)]
+        memory_note = ("no memory step-down" if not steps else
+                       f"gpu_memory_utilization {chosen}" if chosen is not None else
+                       "no gpu_memory_utilization of the step-down started the largest candidate: searched as listed")
+        return {"rounds": len(rounds), "round": number, "factor": this["factor"], "pending": waiting,
+                "valid": len(valid), "invalid": len(invalid), "size": len(this["ids"] or ()),
+                "msg": (f"round {number} of {len(rounds)}: {len(this['ids'] or ())} candidate(s) on "
+                        f"{this['factor']:g} of the workload, {len(waiting)} still to measure "
+                        f"({len(valid)} valid, {len(invalid)} invalid; {memory_note})")}
+
+    # --- record -----------------------------------------------------------------------------
+
+    def _record(self, args) -> dict:
+        run_dir = Path(args["run_dir"])
+        state = _read_run(run_dir)
+        candidate, status = args["candidate"], args["status"]
+        figures = bench_figures(args["bench"]) if args["bench"] and "score" in args["bench"] else None
+        if figures is not None:
+            figures.update(_correctness(args["quality"], args["probes"]))
+        log_tail = None
+        if status == FAILED_TO_START:
+            log_tail = (args["log_tail"] or args["failure"] or "")[-LOG_TAIL_CHARS:]
+        record = candidate_record(
+            candidate, status, round_number=args["round"], factor=args["factor"], figures=figures,
+            log_tail=log_tail, gates=[args["failure"] or "a gate was missed"] if status == MISSED_GATE else None)
+        path = run_dir / (MEMORY_FILE if args["file"] == "memory" else CANDIDATES_FILE)
+        append_candidate(path, record)
+        line = self._progress(state, record, path, args["file"] == "memory")
+        display.display(line)
+        return {"record": record, "msg": line}
+
+    def _progress(self, state: dict, record: dict, path: Path, memory: bool) -> str:
+        """`h1: candidate 3 c1a2b3c4d5e (max_num_seqs 2 -> 8): score 9120 >= 8000, TTFT p99 212 ms;
+        best so far c1a2b3c4d5e score 9120` (one line a candidate, marked when simulated)."""
+        what = "memory step" if memory else f"candidate {len(read_records(path))}"
+        head = f"{state['host']}: {what} {record['id']} ({_changes(state, record)})"
+        if record["status"] == STARTED:
+            return f"{head}: started"
+        if record["status"] == FAILED_TO_START:
+            last = next((line for line in reversed(record["log_tail"].splitlines()) if line.strip()), "")
+            return f"{head}: failed to start{': ' + last.strip() if last else ''}"
+        parts = [head + ":"]
+        figures = record.get("figures") or {}
+        if isinstance(figures.get("score"), (int, float)):
+            gate = figures.get("gate_score")
+            versus = "" if gate is None else (" >= " if figures["score"] >= gate else " < ") + f"{gate:.0f}"
+            parts.append(f"score {figures['score']:.0f}{versus}, TTFT p99 {_ms(figures.get('ttft_p99_ms'))}")
+        if record["status"] == MISSED_GATE:
+            parts.append("missed a gate: " + "; ".join(record["gates"]))
+        best = ranked(read_candidates(path).values())
+        parts.append(f"best so far {best[0]['id']} score {best[0]['figures']['score']:.0f}" if best else
+                     "no candidate has cleared every gate yet")
+        return " ".join(parts[:1]) + " " + "; ".join(parts[1:]) + (" [simulated]" if figures.get("simulated") else "")
+
+    # --- final ------------------------------------------------------------------------------
+
+    def _final(self, args) -> dict:
+        run_dir = Path(args["run_dir"])
+        state = _read_run(run_dir)
+        latest = read_candidates(run_dir / CANDIDATES_FILE, warn=display.warning)
+        incumbent = incumbent_candidate(state["incumbent_settings"])
+        eligible = ranked(latest.values())
+        challengers = [record for record in eligible if record["id"] != incumbent["id"]][:max(args["finalists"], 0)]
+        incumbent_record = latest.get(incumbent["id"]) or {}
+        finalists = [_candidate_of(record) for record in challengers]
+        line = (f"{state['host']}: finalists {', '.join(record['id'] for record in challengers)} against the "
+                f"incumbent {incumbent['id']}" if challengers else
+                f"{state['host']}: no candidate but the incumbent cleared every gate")
+        display.display(line)
+        return {"finalists": finalists, "incumbent": incumbent,
+                "incumbent_eligible": incumbent_record.get("status") == MEASURED,
+                "measure": ([incumbent] if challengers and incumbent_record.get("status") == MEASURED else [])
+                + finalists, "msg": line}
+
+    # --- propose ----------------------------------------------------------------------------
+
+    def _propose(self, args) -> dict:
+        run_dir = Path(args["run_dir"])
+        state = _read_run(run_dir)
+        latest = read_candidates(run_dir / CANDIDATES_FILE, warn=display.warning)
+        incumbent = incumbent_candidate(state["incumbent_settings"])
+        trials = {key: [bench for bench in benches or () if bench and "score" in bench]
+                  for key, benches in args["trials"].items()}
+        incumbent_record = latest.get(incumbent["id"]) or {}
+        baseline = self._side(trials.get(incumbent["id"]), incumbent_record)
+        judged = []
+        for key, benches in trials.items():
+            if key == incumbent["id"] or key not in latest:
+                continue
+            entry = {"id": key, "median_score": _median(benches), "trials": len(benches)}
+            if incumbent_record.get("status") != MEASURED:
+                # The incumbent missed a gate or did not start here: a candidate that cleared every
+                # gate beats it by the gates themselves.
+                entry.update(beats=bool(benches), why=f"the incumbent {_standing(incumbent_record)}")
+            else:
+                analysis = analyse(self._side(benches, latest[key]), baseline,
+                                   margin=CANARY_SETTINGS["margin"], request_margin=CANARY_SETTINGS["request_margin"],
+                                   quality_margin=args["quality_margin"],
+                                   pass_score=CANARY_SETTINGS["thresholds"]["pass"],
+                                   marginal_score=CANARY_SETTINGS["thresholds"]["marginal"],
+                                   confidence=CONFIDENCE)
+                entry.update(_beats(analysis), analysis=canary_record(analysis))
+            judged.append(entry)
+        winners = sorted((entry for entry in judged if entry["beats"]), key=lambda entry: (-entry["median_score"], entry["id"]))
+        best = latest[winners[0]["id"]] if winners else (incumbent_record or {**incumbent, "settings": incumbent})
+        best_record = {**best, "figures": {**(best.get("figures") or {}),
+                                           **({"score": winners[0]["median_score"]} if winners else {})}}
+        incumbent_shown = {**(incumbent_record or {}), "id": incumbent["id"], "settings": state["incumbent_settings"],
+                           "figures": {**(incumbent_record.get("figures") or {}),
+                                       **({"score": _median(trials[incumbent['id']])}
+                                          if trials.get(incumbent["id"]) else {})}}
+        verdicts = "; ".join(f"{entry['id']} {entry['why']}" for entry in judged) or "no finalist"
+        about = {"run": state["run"], "host": state["host"], "instance": state["instance"],
+                 "release": state["release"], "space": state["space"]["name"], "judged": verdicts}
+        write_proposal(run_dir / PROPOSAL_FILE, best_record, incumbent_shown, about)
+        write_atomic(str(run_dir / FINAL_FILE),
+                     json.dumps({"judged": judged, "proposed": best["id"] if winners else None,
+                                 "written": utc_timestamp()}, indent=1, sort_keys=True) + "\n")
+        measured = [record for record in latest.values() if record.get("status") in (MEASURED, MISSED_GATE)]
+        if winners:
+            line = (f"{state['host']}: tune proposes {best['id']} ({'; '.join(changed_settings(incumbent, best)) or 'no change'}), "
+                    f"median score {winners[0]['median_score']:.0f} against the incumbent's "
+                    f"{_figure(incumbent_shown['figures'].get('score'))}: {winners[0]['why']}. "
+                    f"Deploy it: ansible-playbook deploy.yml -i <inventory> -e @{run_dir / PROPOSAL_FILE}")
+        else:
+            line = (f"{state['host']}: the incumbent {incumbent['id']} stays: no candidate beat it "
+                    f"({verdicts}); {run_dir / PROPOSAL_FILE} holds the current settings")
+        if any((record.get("figures") or {}).get("simulated") for record in latest.values()):
+            line += " [simulated]"
+        display.display(line)
+        return {"proposed": bool(winners), "best": best["id"], "proposal_file": str(run_dir / PROPOSAL_FILE),
+                "changes": changed_settings(incumbent, best) if winners else [], "judged": judged, "msg": line,
+                "tune": {"run": state["run"], "space": state["space"]["name"], "measured": len(measured),
+                         "candidates": len(latest), "proposed": best["id"] if winners else None,
+                         "incumbent": incumbent["id"], "msg": line}}
+
+    @staticmethod
+    def _side(benches, record: dict) -> dict:
+        """The judge's samples of one side: each trial's score and output tokens/s, its quality
+        score and probes. Not the requests' latencies: a setting that runs more sequences side by
+        side trades each request's speed for the engine's throughput by design, and the gate
+        scores the throughput (the report draws the latency beside it)."""
+        figures = (record or {}).get("figures") or {}
+        runs = [{key: value for key, value in bench.items() if key != "samples"} for bench in benches or ()]
+        samples = side_samples(runs, [figures["quality"]] if _is_number(figures.get("quality")) else [])
+        if _is_number(figures.get("probes_passed")):
+            samples["probes"] = [figures["probes_passed"]]
+        return samples
+
+
+def _beats(analysis: dict) -> dict:
+    """Whether the candidate beats the incumbent: the judge passes it (nothing worse beyond its
+    margin) and the whole confidence interval of its score's shift lies above 0."""
+    score = next((metric for metric in analysis["metrics"] if metric["name"] == "score"), {})
+    low, high = (score.get("interval_pct") or [None, None])
+    if analysis["verdict"] != "pass":
+        why = f"not better: judged {analysis['verdict']} ({'; '.join(analysis['reasons']) or 'score ' + str(analysis['score'])})"
+        return {"beats": False, "why": why}
+    if not _is_number(low) or low <= 0:
+        shift = score.get("shift_pct")
+        return {"beats": False, "why": (f"not better: score shift {_pct(shift)} [{_pct(low)}, {_pct(high)}] "
+                                        "does not lie above 0")}
+    return {"beats": True, "why": f"score shift {_pct(score.get('shift_pct'))} [{_pct(low)}, {_pct(high)}], judged pass"}
+
+
+def _correctness(quality: dict | None, probes: dict | None) -> dict:
+    """The quality score and the share of probes that passed, which the final judge holds the
+    finalists to."""
+    figures = {}
+    if quality and _is_number(quality.get("score")):
+        figures["quality"] = quality["score"]
+    verdicts = (probes or {}).get("probes") or []
+    if verdicts:
+        figures["probes_passed"] = sum(1 for verdict in verdicts if verdict.get("passed")) / len(verdicts)
+    return figures
+
+
+def _screening(state: dict) -> dict:
+    facts = state.get("facts") or {}
+    return {key: facts.get(key) for key in ("known_flags", "torch_version", "gpus_free", "max_position_embeddings")} | {
+        "allow_long_max_model_len": bool(facts.get("allow_long_max_model_len"))}
+
+
+def _read_run(run_dir: Path) -> dict:
+    try:
+        return json.loads((run_dir / RUN_FILE).read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise AnsibleActionFail(f"{run_dir} holds no tuning run ({RUN_FILE} is missing)") from None
+    except (OSError, ValueError) as error:
+        raise AnsibleActionFail(f"{run_dir / RUN_FILE}: cannot be read: {error}") from None
+
+
+def _candidate_of(record: dict) -> dict:
+    return {"id": record["id"], "incumbent": bool(record.get("incumbent")),
+            **{section: (record.get("settings") or {}).get(section) or {} for section in SECTIONS}}
+
+
+def _changes(state: dict, item: dict) -> str:
+    changes = changed_settings(state["incumbent_settings"], item)
+    return "; ".join(change.split(".", 1)[1] for change in changes) or "the incumbent"
+
+
+def _standing(record: dict) -> str:
+    status = record.get("status")
+    return {MISSED_GATE: "missed a gate", FAILED_TO_START: "failed to start"}.get(status, "was not measured")
+
+
+def _median(benches) -> float | None:
+    scores = [bench["score"] for bench in benches or () if _is_number(bench.get("score"))]
+    return statistics.median(scores) if scores else None
+
+
+def _is_number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _ms(value) -> str:
+    return f"{value:.0f} ms" if _is_number(value) else "-"
+
+
+def _pct(value) -> str:
+    return f"{value:+.1f} %" if _is_number(value) else "-"
+
+
+def _figure(value) -> str:
+    return f"{value:.0f}" if _is_number(value) else "-"

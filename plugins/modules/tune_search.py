@@ -1,0 +1,241 @@
+#!/usr/bin/python
+# -*- coding: utf-8 -*-
+# Copyright: biv100.serving maintainers
+# GNU General Public License v3.0+ (see LICENSES/GPL-3.0-or-later.txt or https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+# The documentation of the action plugin of the same name, which does all the work on the
+# controller; as for ansible.builtin.debug, there is no module code.
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+---
+module: tune_search
+short_description: Plan, record and decide a search of the engine's launch parameters and environment
+version_added: 0.2.0
+description:
+  - The controller's side of C(tune.yml), one O(step) at a time; the role biv100.serving.tune
+    starts the engine and measures. The search's state is kept in C(build/tune/<run>/) at the
+    project root - C(run.json) (the host, instance, release, incumbent and space),
+    C(memory.jsonl) and C(candidates.jsonl) (one JSON line per memory step and per candidate
+    run, fsynced as they are written), C(final.json) and C(proposal.yml) - so that a run stopped
+    at any point is resumed from what it wrote.
+  - O(step=plan) loads the space (C(files/tune/<name>.yml) or a path, described in
+    C(plugins/plugin_utils/_tune_space.py)), begins the run or, with O(resume), checks that the
+    run resumed searched the same host, instance, release and incumbent; returns the starts of
+    the memory step-down still to make.
+  - O(step=round) returns the candidates of round O(round) still to measure, the invalid ones
+    (refused by the deploy's own checks of the arguments and allocator options) recorded first
+    and never started.
+  - O(step=record) appends one candidate's record and shows one progress line with its figures
+    and the best so far.
+  - O(step=final) names the best candidates that cleared every gate, to measure again beside
+    the incumbent.
+  - O(step=propose) judges those repeated trials against the incumbent's with the canary
+    analysis' judge; a candidate is proposed only when the judge passes it and the whole
+    confidence interval of its score's shift lies above 0. Writes C(proposal.yml) - the
+    winner's settings, or the incumbent's when none beats it.
+  - Needs C(scipy) on the controller for O(step=propose) (the project's C(requirements.txt)).
+options:
+  step:
+    description: What to do.
+    type: str
+    required: true
+    choices: [plan, round, record, final, propose]
+  run_dir:
+    description: The run's folder, as O(step=plan) returned it; required by every other step.
+    type: str
+  run:
+    description: The name of a new run, which names its folder; required by O(step=plan).
+    type: str
+  resume:
+    description: The name of an earlier run to go on with instead of beginning O(run).
+    type: str
+    default: ""
+  space:
+    description: The search space, a name under C(files/tune) or a path (relative to the playbook).
+    type: str
+    default: default
+  host:
+    description: The host tuned, for the run's record and its lines.
+    type: str
+  instance:
+    description: The engine instance tuned.
+    type: str
+  release:
+    description: The release the host runs.
+    type: str
+  incumbent:
+    description: The instance's current settings, C(engine_args), C(engine_allocator) and C(engine_env).
+    type: dict
+  facts:
+    description:
+      - What each candidate is checked against before it may run - C(known_flags) (the host's
+        CLI), C(gpus_free), C(max_position_embeddings), C(allow_long_max_model_len),
+        C(torch_version). A fact left out is not judged.
+    type: dict
+    default: {}
+  results_dir:
+    description: The folder of the runs; a relative one is the project's.
+    type: path
+  round:
+    description: The round of O(step=round), from 1.
+    type: int
+  file:
+    description: Which file O(step=record) appends to - the rounds' or the memory step-down's.
+    type: str
+    choices: [candidates, memory]
+    default: candidates
+  candidate:
+    description: The candidate recorded, as O(step=round) or O(step=plan) returned it.
+    type: dict
+  status:
+    description: How the candidate ended.
+    type: str
+    choices: [measured, missed_gate, failed_to_start, started]
+  factor:
+    description: The fraction of the workload its bench measured.
+    type: float
+  bench:
+    description: Its M(biv100.serving.engine_bench) result.
+    type: dict
+  quality:
+    description: Its M(biv100.serving.engine_quality) result.
+    type: dict
+  probes:
+    description: Its M(biv100.serving.engine_probe) result.
+    type: dict
+  failure:
+    description: Why it missed a gate or failed to start.
+    type: str
+  log_tail:
+    description: The end of the engine's log, for a failed start.
+    type: str
+  finalists:
+    description: How many of the best candidates O(step=final) names.
+    type: int
+    default: 2
+  trials:
+    description: For O(step=propose), the repeated bench results of each finalist and of the incumbent, by candidate id.
+    type: dict
+  quality_margin:
+    description: For O(step=propose), the drop of the quality score the judge allows, the quality gate's bound.
+    type: float
+extends_documentation_fragment:
+  - ansible.builtin.action_common_attributes
+  - ansible.builtin.action_common_attributes.conn
+  - ansible.builtin.action_common_attributes.flow
+attributes:
+  action:
+    support: full
+  async:
+    support: none
+  become:
+    support: none
+  bypass_host_loop:
+    support: none
+  check_mode:
+    support: none
+    details: A search starts engines; in check mode the step is skipped.
+  connection:
+    support: none
+  delegation:
+    support: none
+  diff_mode:
+    support: none
+  platform:
+    support: full
+    platforms: all
+    details: Runs on the controller whatever the host is.
+seealso:
+  - module: biv100.serving.canary_analysis
+  - module: biv100.serving.engine_bench
+author:
+  - biv100.serving maintainers (!UNKNOWN)
+"""
+
+EXAMPLES = r"""
+- name: Begin a tuning run over the shipped space
+  biv100.serving.tune_search:
+    step: plan
+    run: "{{ serving_run_id }}"
+    space: default
+    host: "{{ inventory_hostname }}"
+    instance: vllm
+    release: sub510
+    incumbent: {engine_args: {max_num_seqs: 2}, engine_allocator: {}, engine_env: {}}
+  register: tune_plan
+
+- name: The first round's candidates still to measure
+  biv100.serving.tune_search:
+    step: round
+    run_dir: "{{ tune_plan.run_dir }}"
+    round: 1
+  register: tune_round
+"""
+
+RETURN = r"""
+msg:
+  description: What the step found or decided, one line.
+  returned: success
+  type: str
+run:
+  description: The run's name (O(step=plan)).
+  returned: O(step=plan)
+  type: str
+run_dir:
+  description: The run's folder (O(step=plan)).
+  returned: O(step=plan)
+  type: str
+incumbent:
+  description: Candidate 0, the instance's current settings with its id.
+  returned: O(step=plan), O(step=final)
+  type: dict
+memory_steps:
+  description: The starts of the memory step-down still to make, highest gpu_memory_utilization first.
+  returned: O(step=plan)
+  type: list
+  elements: dict
+deadline:
+  description: The controller's clock (seconds since the epoch) past which no new candidate starts.
+  returned: O(step=plan)
+  type: float
+rounds:
+  description: How many rounds the search has.
+  returned: O(step=round)
+  type: int
+pending:
+  description: The round's candidates still to measure, in order.
+  returned: O(step=round)
+  type: list
+  elements: dict
+factor:
+  description: The fraction of the workload the round's benches measure.
+  returned: O(step=round)
+  type: float
+record:
+  description: The record appended.
+  returned: O(step=record)
+  type: dict
+measure:
+  description: The candidates to measure again, the incumbent first when it cleared every gate.
+  returned: O(step=final)
+  type: list
+  elements: dict
+proposed:
+  description: Whether a candidate beat the incumbent.
+  returned: O(step=propose)
+  type: bool
+proposal_file:
+  description: The proposal, C(deploy.yml -e @<file>).
+  returned: O(step=propose)
+  type: str
+changes:
+  description: The settings the proposal changes, C(<section>.<key> <old> -> <new>).
+  returned: O(step=propose)
+  type: list
+  elements: str
+tune:
+  description: What the ledger keeps of the run.
+  returned: O(step=propose)
+  type: dict
+"""
