@@ -262,7 +262,9 @@ class ActionModule(ActionBase):
     def _progress(self, state: dict, record: dict, path: Path, memory: bool) -> str:
         """`h1: candidate 3 c1a2b3c4d5e (max_num_seqs 2 -> 8): score 9120 >= 8000, TTFT p99 212 ms;
         best so far c1a2b3c4d5e score 9120` (one line a candidate, marked when simulated)."""
-        what = "memory step" if memory else f"candidate {len(read_records(path))}"
+        # Counted among those that ran: the invalid ones are listed when the round is planned.
+        ran = [line for line in read_records(path) if line["status"] != INVALID]
+        what = "memory step" if memory else f"candidate {len(ran)}"
         head = f"{state['host']}: {what} {record['id']} ({_changes(state, record)})"
         if record["status"] == STARTED:
             return f"{head}: started"

@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
+import subprocess
 import sys
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import ansible_runner
+from lab import descendants
 
 REPO = Path(__file__).resolve().parents[2]
 # The gates the integration tests' runs hold a release to, unless a test names its own: the
@@ -105,3 +110,26 @@ def _runner_arguments(playbook, inventory, tmp_path, extravars, limit, check) ->
 
 def _outcome(runner) -> PlaybookRun:
     return PlaybookRun(rc=runner.rc, stats=runner.stats or {}, events=list(runner.events))
+
+
+def kill_controller(controller: subprocess.Popen) -> None:
+    """SIGKILL an ansible-playbook started in a session of its own, as an operator's `kill -9`,
+    and the workers it forked. ansible-core's workers leave the controller's session, so they
+    are found by parentage before the kill and ended by their recorded pids along with it."""
+    workers = descendants(controller.pid)
+    with contextlib.suppress(ProcessLookupError):  # a run that ended first has no group left
+        os.killpg(controller.pid, signal.SIGKILL)
+    for pid in workers:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    controller.wait()
+
+
+def ended(condition, timeout=60) -> bool:
+    """Wait until condition() holds, at most timeout seconds; whether it did."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.1)
+    return True

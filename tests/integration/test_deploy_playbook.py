@@ -44,7 +44,7 @@ from lab_files import (
     serving_digests,
     start_ticks,
 )
-from playbook_runs import ONE_BATCH, REPO, run_playbook, start_playbook
+from playbook_runs import ONE_BATCH, REPO, ended, kill_controller, run_playbook, start_playbook
 
 from ansible_collections.biv100.serving.plugins.action.serving_lock import process_argv, runs_ansible_playbook
 
@@ -419,27 +419,6 @@ def caught(moment, still_running, timeout=300) -> bool:
             return True
         time.sleep(0.001)
     return False
-
-
-def kill_controller(controller: subprocess.Popen) -> None:
-    # ansible-core's workers leave the controller's session, so they are found by parentage
-    # before the kill and ended by their recorded pids along with it.
-    workers = descendants(controller.pid)
-    with contextlib.suppress(ProcessLookupError):  # a run that ended first has no group left
-        os.killpg(controller.pid, signal.SIGKILL)
-    for pid in workers:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGKILL)
-    controller.wait()
-
-
-def ended(condition, timeout=60) -> bool:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.1)
-    return True
 
 
 def test_a_host_whose_sshd_dies_mid_stage_is_reported_unreachable_while_the_others_finish(lab, first_deploy, tmp_path):

@@ -448,3 +448,31 @@ def test_the_canary_analysis_has_its_own_line_and_its_measurements_are_not_the_g
     assert not [key for key in line if key.startswith("_")]
     shown = capsys.readouterr().out.split("RELEASES", 1)[1]
     assert "canary fail, score 0 vs h2 (same window, sub510), 3 trials [simulated]" in shown
+
+
+def test_a_tuning_run_has_its_own_line_and_its_candidates_are_neither_the_engine_nor_a_failure(ledger, capsys):
+    ledger.v2_runner_on_ok(task_result("h1", "Read the release", "biv100.serving.serving_release",
+                                       {"release": "sub510", "status": "good"}))
+    ledger.v2_runner_on_ok(task_result("h1", "Enter the candidate phase", "ansible.builtin.set_fact",
+                                       {"ansible_facts": {"serving_phase": "tune candidate"}}))
+    ledger.v2_runner_on_ok(task_result("h1", "Run the engine", "biv100.serving.engine_process", {
+        "name": "vllm", "command": ["/usr/bin/python3", "-m", "vllm.entrypoints.openai.api_server", "--max-num-seqs", "8"]}))
+    ledger.v2_runner_on_ok(task_result("h1", "Bench", "biv100.serving.engine_bench", {**BENCH_RESULT, "score": 31000.0}))
+    # A candidate that missed a gate is the search's finding, recorded by the run, not the host's failure.
+    ledger.v2_runner_on_failed(task_result("h1", "Hold the release to every gate", "ansible.builtin.assert",
+                                           {"failed": True, "msg": "functional gate: 73/75 probes passed"}))
+    tuned = {"run": "r1", "space": "default", "measured": 24, "candidates": 24, "proposed": "cd92cddae13",
+             "incumbent": "c7088e12f1b", "msg": "h1: tune proposes cd92cddae13"}
+    ledger.v2_runner_on_ok(task_result("h1", "Judge the finalists", "biv100.serving.tune_search",
+                                       {"proposed": True, "tune": tuned}))
+    ledger.v2_runner_on_ok(task_result("h1", "Enter the restore phase", "ansible.builtin.set_fact",
+                                       {"ansible_facts": {"serving_phase": "tune restore"}}))
+    ledger.v2_runner_on_ok(task_result("h1", "Run the engine", "biv100.serving.engine_process", {
+        "name": "vllm", "command": ["/usr/bin/python3", "-m", "vllm.entrypoints.openai.api_server", "--max-num-seqs", "2"]}))
+
+    (line,) = ledger.end("h1")
+
+    assert line["tune"] == tuned and "failure" not in line and "bench" not in line
+    assert line["engine_args"] == ["--max-num-seqs", "2"]  # what the host runs again after the run
+    shown = capsys.readouterr().out.split("RELEASES", 1)[1]
+    assert "sub510 good; tuning run r1: 24 candidates measured over space default, proposes cd92cddae13" in shown

@@ -1,0 +1,146 @@
+"""biv100.serving.tune_search through ActionModule.run(), step by step as the tune role calls it: a
+run begun and its memory step-down planned, the invalid candidates recorded and never offered to
+run, each candidate's record and progress line, a resumed run offered only what it has not
+measured (and refused when the host's settings changed since), and the final judge proposing a
+candidate only when it beats the incumbent."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import yaml
+from ansible.errors import AnsibleActionFail
+from ansible.parsing.dataloader import DataLoader
+from ansible.template import Templar
+
+from ansible_collections.biv100.serving.plugins.action import tune_search
+
+INCUMBENT = {"engine_args": {"max_num_seqs": 2, "max_num_batched_tokens": 4096, "gpu_memory_utilization": 0.95},
+             "engine_allocator": {"max_split_size_mb": 512}, "engine_env": {}}
+SPACE = """
+name: small
+engine_args:
+  max_num_seqs: [2, 4]
+  no_such_flag: [null, 1]
+budget: {max_candidates: 10, max_minutes: 30}
+"""
+KNOWN_FLAGS = ["max_num_seqs", "max_num_batched_tokens", "gpu_memory_utilization", "max_model_len"]
+
+
+def run_step(step: str, tmp_path: Path, **args):
+    arguments = {"step": step, **args}
+    task = SimpleNamespace(args=arguments, check_mode=False, async_val=0, action="biv100.serving.tune_search")
+    action = tune_search.ActionModule(task, SimpleNamespace(_shell=SimpleNamespace(tmpdir=None)), None,
+                                      DataLoader(), Templar(loader=DataLoader(), variables={}), None)
+    return action.run(task_vars={})
+
+
+def plan(tmp_path, run="r1", resume="", incumbent=None):
+    space = tmp_path / "space.yml"
+    space.write_text(SPACE)
+    return run_step("plan", tmp_path, run=run, resume=resume, space=str(space), host="h1", instance="vllm",
+                    release="sub510", incumbent=incumbent or INCUMBENT, facts={"known_flags": KNOWN_FLAGS},
+                    results_dir=str(tmp_path / "tune"))
+
+
+def bench(score, ttft=100.0):
+    return {"score": score, "output_tps": score / 4, "input_tps": score, "simulated": True,
+            "ttft_ms": {"p99": ttft}, "tpot_ms": {"p99": 5.0}, "requests": 24, "gate": {"score": 8000},
+            "samples": {"output_tps": [100.0] * 24, "ttft_ms": [ttft] * 24, "tpot_ms": [5.0] * 24, "e2e_ms": [ttft * 3] * 24}}
+
+
+QUALITY = {"score": 1.0}
+PROBES = {"probes": [{"name": "a", "passed": True}, {"name": "b", "passed": True}]}
+
+
+def record(tmp_path, folder, candidate, status="measured", **args):
+    return run_step("record", tmp_path, run_dir=folder, candidate=candidate, status=status, round=1, factor=1.0,
+                    **args)
+
+
+def test_a_run_records_its_invalid_candidates_first_and_offers_only_the_valid_ones(tmp_path):
+    begun = plan(tmp_path)
+    folder = begun["run_dir"]
+    assert begun["memory_steps"] == [] and begun["incumbent"]["incumbent"]
+    assert json.loads((Path(folder) / "run.json").read_text())["incumbent"] == begun["incumbent"]["id"]
+
+    first = run_step("round", tmp_path, run_dir=folder, round=1)
+
+    assert (first["rounds"], first["factor"], first["valid"], first["invalid"]) == (1, 1.0, 2, 2)
+    offered = [candidate["engine_args"]["max_num_seqs"] for candidate in first["pending"]]
+    assert offered == [2, 4] and first["pending"][0]["id"] == begun["incumbent"]["id"]
+    assert all("no_such_flag" not in candidate["engine_args"] for candidate in first["pending"])
+    written = [json.loads(line) for line in (Path(folder) / "candidates.jsonl").read_text().splitlines()]
+    assert [line["status"] for line in written] == ["invalid", "invalid"]
+    assert all("no_such_flag" in " ".join(line["problems"]) and line["round"] is None for line in written)
+    # Planning the round again records nothing twice.
+    run_step("round", tmp_path, run_dir=folder, round=1)
+    assert len((Path(folder) / "candidates.jsonl").read_text().splitlines()) == 2
+
+
+def test_each_record_says_its_figures_and_the_best_so_far_and_a_resumed_run_skips_what_it_measured(tmp_path):
+    folder = plan(tmp_path)["run_dir"]
+    incumbent, other = run_step("round", tmp_path, run_dir=folder, round=1)["pending"]
+
+    shown = record(tmp_path, folder, incumbent, bench=bench(10000.0), quality=QUALITY, probes=PROBES)
+
+    assert shown["changed"] and shown["record"]["figures"]["probes_passed"] == 1.0
+    assert shown["msg"] == (f"h1: candidate 1 {incumbent['id']} (the incumbent): score 10000 >= 8000, TTFT p99 100 ms; "
+                            f"best so far {incumbent['id']} score 10000 [simulated]")
+    # A run killed here is resumed: the incumbent is not offered again.
+    resumed = plan(tmp_path, run="r2", resume="r1")
+    assert resumed["run_dir"] == folder and "3 candidate(s) already recorded" in resumed["msg"]
+    assert run_step("round", tmp_path, run_dir=folder, round=1)["pending"] == [other]
+
+    failed = record(tmp_path, folder, other, status="failed_to_start", failure="engine exited",
+                    log_tail="loading\nValueError: No available memory for the cache blocks.\n")
+    assert failed["msg"].endswith("failed to start: ValueError: No available memory for the cache blocks.")
+    assert run_step("round", tmp_path, run_dir=folder, round=1)["pending"] == []
+
+
+def test_a_resumed_run_of_other_settings_or_a_run_begun_twice_is_refused_naming_why(tmp_path):
+    plan(tmp_path)
+    changed = {**INCUMBENT, "engine_args": {**INCUMBENT["engine_args"], "max_num_seqs": 4}}
+    with pytest.raises(AnsibleActionFail, match=r"tune_resume=r1: .* was a search of another setting \(incumbent c"):
+        plan(tmp_path, run="r2", resume="r1", incumbent=changed)
+    with pytest.raises(AnsibleActionFail, match="holds a tuning run already: resume it with -e tune_resume=r1"):
+        plan(tmp_path)
+    with pytest.raises(AnsibleActionFail, match="tune_resume must be a run's name"):
+        plan(tmp_path, run="r3", resume="../elsewhere")
+
+
+def finals(tmp_path, incumbent_scores, other_scores, other_ttft=100.0):
+    folder = plan(tmp_path)["run_dir"]
+    incumbent, other = run_step("round", tmp_path, run_dir=folder, round=1)["pending"]
+    record(tmp_path, folder, incumbent, bench=bench(incumbent_scores[0]), quality=QUALITY, probes=PROBES)
+    record(tmp_path, folder, other, bench=bench(other_scores[0], other_ttft), quality=QUALITY, probes=PROBES)
+    final = run_step("final", tmp_path, run_dir=folder)
+    assert [candidate["id"] for candidate in final["measure"]] == [incumbent["id"], other["id"]]
+    trials = {incumbent["id"]: [bench(score) for score in incumbent_scores],
+              other["id"]: [bench(score, other_ttft) for score in other_scores]}
+    return folder, other, run_step("propose", tmp_path, run_dir=folder, trials=trials, quality_margin=0.04)
+
+
+def test_a_candidate_that_beats_the_incumbent_is_proposed_though_each_request_is_slower(tmp_path):
+    folder, other, proposed = finals(tmp_path, [10000.0, 10050.0, 9980.0], [15000.0, 15100.0, 14950.0],
+                                     other_ttft=300.0)
+
+    assert proposed["proposed"] and proposed["best"] == other["id"]
+    assert proposed["changes"] == ["engine_args.max_num_seqs 2 -> 4"]
+    assert "tune proposes" in proposed["msg"] and "judged pass" in proposed["msg"]
+    written = yaml.safe_load((Path(folder) / "proposal.yml").read_text())
+    assert written == {"engine_args": {**INCUMBENT["engine_args"], "max_num_seqs": 4},
+                       "engine_allocator": INCUMBENT["engine_allocator"], "engine_env": {}}
+    assert proposed["tune"]["proposed"] == other["id"] and proposed["tune"]["measured"] == 2
+
+
+def test_a_candidate_no_better_than_the_incumbent_is_not_proposed_and_the_proposal_keeps_the_current_settings(tmp_path):
+    folder, _other, proposed = finals(tmp_path, [10000.0, 10050.0, 9980.0], [10020.0, 9990.0, 10010.0])
+
+    assert not proposed["proposed"] and proposed["changes"] == []
+    assert "stays: no candidate beat it" in proposed["msg"] and "does not lie above 0" in proposed["msg"]
+    written = yaml.safe_load((Path(folder) / "proposal.yml").read_text())
+    assert written["engine_args"] == INCUMBENT["engine_args"]
