@@ -153,6 +153,9 @@ class CallbackModule(CallbackBase):
                 entry["_focus"] = focus
             if facts.get("serving_phase"):
                 entry["_phase"] = facts["serving_phase"]
+            if facts.get("tune_phase"):
+                # The tune role's own steps, named with its variables' prefix.
+                entry["_phase"] = f"{TUNE_PHASE} {facts['tune_phase']}"
             return
         name = action[len(COLLECTION):]
         if name == "engine_process" and answer.get("name"):

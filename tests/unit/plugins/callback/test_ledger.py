@@ -454,7 +454,7 @@ def test_a_tuning_run_has_its_own_line_and_its_candidates_are_neither_the_engine
     ledger.v2_runner_on_ok(task_result("h1", "Read the release", "biv100.serving.serving_release",
                                        {"release": "sub510", "status": "good"}))
     ledger.v2_runner_on_ok(task_result("h1", "Enter the candidate phase", "ansible.builtin.set_fact",
-                                       {"ansible_facts": {"serving_phase": "tune candidate"}}))
+                                       {"ansible_facts": {"tune_phase": "candidate"}}))
     ledger.v2_runner_on_ok(task_result("h1", "Run the engine", "biv100.serving.engine_process", {
         "name": "vllm", "command": ["/usr/bin/python3", "-m", "vllm.entrypoints.openai.api_server", "--max-num-seqs", "8"]}))
     ledger.v2_runner_on_ok(task_result("h1", "Bench", "biv100.serving.engine_bench", {**BENCH_RESULT, "score": 31000.0}))
@@ -466,7 +466,7 @@ def test_a_tuning_run_has_its_own_line_and_its_candidates_are_neither_the_engine
     ledger.v2_runner_on_ok(task_result("h1", "Judge the finalists", "biv100.serving.tune_search",
                                        {"proposed": True, "tune": tuned}))
     ledger.v2_runner_on_ok(task_result("h1", "Enter the restore phase", "ansible.builtin.set_fact",
-                                       {"ansible_facts": {"serving_phase": "tune restore"}}))
+                                       {"ansible_facts": {"tune_phase": "restore"}}))
     ledger.v2_runner_on_ok(task_result("h1", "Run the engine", "biv100.serving.engine_process", {
         "name": "vllm", "command": ["/usr/bin/python3", "-m", "vllm.entrypoints.openai.api_server", "--max-num-seqs", "2"]}))
 
