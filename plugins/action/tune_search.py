@@ -121,7 +121,7 @@ REQUIRED = {
     "round": ("round",),
     "record": ("candidate", "status"),
     "final": (),
-    "propose": ("trials", "quality_margin"),
+    "propose": ("trials",),
 }
 
 
@@ -327,7 +327,7 @@ class ActionModule(ActionBase):
             else:
                 analysis = analyse(self._side(benches, latest[key]), baseline,
                                    margin=CANARY_SETTINGS["margin"], request_margin=CANARY_SETTINGS["request_margin"],
-                                   quality_margin=args["quality_margin"],
+                                   quality_margin=_quality_margin(args["quality_margin"], incumbent_record),
                                    pass_score=CANARY_SETTINGS["thresholds"]["pass"],
                                    marginal_score=CANARY_SETTINGS["thresholds"]["marginal"],
                                    confidence=CONFIDENCE)
@@ -401,10 +401,21 @@ def _correctness(quality: dict | None, probes: dict | None) -> dict:
     figures = {}
     if quality and _is_number(quality.get("score")):
         figures["quality"] = quality["score"]
+        if _is_number(quality.get("bound")):
+            figures["quality_bound"] = quality["bound"]
     verdicts = (probes or {}).get("probes") or []
     if verdicts:
         figures["probes_passed"] = sum(1 for verdict in verdicts if verdict.get("passed")) / len(verdicts)
     return figures
+
+
+def _quality_margin(given: float | None, incumbent: dict) -> float:
+    """The quality drop the judge allows: as given, else the quality gate's bound the incumbent
+    was held to (0 without a quality gate: its metric then has no data)."""
+    if given is not None:
+        return given
+    bound = ((incumbent or {}).get("figures") or {}).get("quality_bound")
+    return bound if _is_number(bound) else 0.0
 
 
 def _screening(state: dict) -> dict:

@@ -118,7 +118,9 @@ options:
     description: For O(step=propose), the repeated bench results of each finalist and of the incumbent, by candidate id.
     type: dict
   quality_margin:
-    description: For O(step=propose), the drop of the quality score the judge allows, the quality gate's bound.
+    description:
+      - For O(step=propose), the drop of the quality score the judge allows.
+      - Default the quality gate's bound the incumbent was held to.
     type: float
 extends_documentation_fragment:
   - ansible.builtin.action_common_attributes

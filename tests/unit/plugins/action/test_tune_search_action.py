@@ -52,7 +52,7 @@ def bench(score, ttft=100.0):
             "samples": {"output_tps": [100.0] * 24, "ttft_ms": [ttft] * 24, "tpot_ms": [5.0] * 24, "e2e_ms": [ttft * 3] * 24}}
 
 
-QUALITY = {"score": 1.0}
+QUALITY = {"score": 1.0, "bound": 0.04}
 PROBES = {"probes": [{"name": "a", "passed": True}, {"name": "b", "passed": True}]}
 
 
@@ -88,6 +88,7 @@ def test_each_record_says_its_figures_and_the_best_so_far_and_a_resumed_run_skip
     shown = record(tmp_path, folder, incumbent, bench=bench(10000.0), quality=QUALITY, probes=PROBES)
 
     assert shown["changed"] and shown["record"]["figures"]["probes_passed"] == 1.0
+    assert shown["record"]["figures"]["quality_bound"] == 0.04  # the judge allows the gate's drop
     assert shown["msg"] == (f"h1: candidate 1 {incumbent['id']} (the incumbent): score 10000 >= 8000, TTFT p99 100 ms; "
                             f"best so far {incumbent['id']} score 10000 [simulated]")
     # A run killed here is resumed: the incumbent is not offered again.
@@ -121,7 +122,7 @@ def finals(tmp_path, incumbent_scores, other_scores, other_ttft=100.0):
     assert [candidate["id"] for candidate in final["measure"]] == [incumbent["id"], other["id"]]
     trials = {incumbent["id"]: [bench(score) for score in incumbent_scores],
               other["id"]: [bench(score, other_ttft) for score in other_scores]}
-    return folder, other, run_step("propose", tmp_path, run_dir=folder, trials=trials, quality_margin=0.04)
+    return folder, other, run_step("propose", tmp_path, run_dir=folder, trials=trials)
 
 
 def test_a_candidate_that_beats_the_incumbent_is_proposed_though_each_request_is_slower(tmp_path):
