@@ -85,7 +85,7 @@ def test_bench_yml_scores_the_current_release_again_and_changes_nothing(lab, fir
     assert line["playbook"] == "bench.yml" and line["bench"]["simulated"] and line["quality"]["score"] == 1.0
 
 
-def test_the_reported_output_rate_is_the_stand_ins_known_rate_within_5_percent(lab, first, tmp_path):
+def test_the_reported_output_rate_is_the_stand_ins_known_rate_never_above_it(lab, first, tmp_path):
     # Long answers, so that an HTTP round trip is small beside a request's simulated time.
     workload = tmp_path / "known-rate.yml"
     workload.write_text(yaml.safe_dump({
@@ -104,7 +104,10 @@ def test_the_reported_output_rate_is_the_stand_ins_known_rate_within_5_percent(l
         speed_model.Rates.from_environ(STANDIN_ENV), measured["input_tokens"] / ok, measured["output_tokens"] / ok,
         concurrency=2, max_num_seqs=2)
     assert measured["output_tokens"] == 8 * 1000 and measured["simulated"]
-    assert measured["output_tps"] == pytest.approx(output_tps, rel=0.05)
+    # No token leaves before the model has it due, so the rate never beats the model's; a loaded
+    # machine (the unit tests run beside) only makes it slower, hence the loose floor, which
+    # still tells two sequences at once (the model) from one at a time (0.6 of it).
+    assert 0.85 * output_tps < measured["output_tps"] <= 1.01 * output_tps
 
 
 def gate_failure(run, host) -> str:

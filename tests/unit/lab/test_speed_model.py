@@ -397,7 +397,10 @@ def test_measured_throughput_matches_the_model(timed):
     rates = speed_model.Rates(prefill_tps=1000000, decode_tps=DECODE_TPS)
     _input, predicted = speed_model.predicted_throughput(
         rates, usages[0]["prompt_tokens"], output_tokens, clients, 2)
-    assert measured == pytest.approx(predicted, rel=0.05)
+    # Never faster than the model: no token leaves before it is due. A loaded machine (the unit
+    # tests run beside the lab's) only makes it later, so the floor is loose; it still tells
+    # sequences run side by side (the model) from one at a time (0.6 of it).
+    assert 0.8 * predicted < measured <= 1.01 * predicted
 
 
 def test_a_sequence_slows_while_another_runs_beside_it(timed):
@@ -415,15 +418,18 @@ def test_a_sequence_slows_while_another_runs_beside_it(timed):
     for thread in threads:
         thread.join(30)
 
-    assert alone_model <= alone < 1.1 * alone_model
+    # Lower bounds from the model, upper ones loose: a loaded machine only adds time. They still
+    # tell a slowed pair (both about 1.2) from one not slowed (1.0) or one at a time (1.0 and 2.0).
+    assert alone_model <= alone < 1.3 * alone_model
     # Side by side, each keeps 1 / 1.2 of its speed alone: both end about 20 % later.
     assert len(together) == 2
-    assert all(1.15 * alone_model < seconds < 1.3 * alone_model for seconds in together)
+    assert all(1.15 * alone_model < seconds < 1.6 * alone_model for seconds in together)
 
 
 def test_a_request_beyond_max_num_seqs_waits_its_turn(timed):
-    body = dict(max_tokens=40, ignore_eos=True, **THINKING_OFF)
-    one_request = speed_model.Rates(1000000, DECODE_TPS).request_seconds(20, 40)  # ~0.1 s
+    # Long enough (~0.3 s) that a late wake-up on a loaded machine is small beside it.
+    body = dict(max_tokens=120, ignore_eos=True, **THINKING_OFF)
+    one_request = speed_model.Rates(1000000, DECODE_TPS).request_seconds(20, 120)
     results = {}
 
     def send(name):

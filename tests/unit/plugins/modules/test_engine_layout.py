@@ -112,8 +112,9 @@ def test_check_mode_names_the_engines_in_the_way_and_stops_none(host):
 
 def test_without_a_layout_a_start_stops_nothing(host):
     old = host("vllm").result
-    # The port is taken: the new engine fails on it, and vllm keeps serving.
-    failed, result = host("vllm-1", port=host.ports["vllm"])
+    # The port is taken: the new engine fails on it, and vllm keeps serving. The start check is
+    # long enough for a loaded machine's slow interpreter start; it ends as the engine exits.
+    failed, result = host("vllm-1", port=host.ports["vllm"], start_check_seconds=10)
     assert failed and is_alive(old["pid"]) and result.get("retired") is None
 
 
