@@ -501,7 +501,7 @@ def waiting_for_health(host) -> bool:
     except (FileNotFoundError, ProcessLookupError, ValueError):
         return False  # between two engines
     return (holder is not None and environ.get("BIV100_STANDIN_NEVER_HEALTHY") == "1"
-            and any(start_ticks(pid) > engine for pid in run_pids(holder["run_id"])))
+            and any(ticks > engine for ticks in started(run_pids(holder["run_id"])).values()))
 
 
 def test_a_killed_deploys_lock_is_not_broken_while_its_module_still_runs_on_the_host(lab, first_deploy, tmp_path):
@@ -555,9 +555,17 @@ def test_a_killed_deploys_lock_is_not_broken_while_its_module_still_runs_on_the_
         assert "BIV100_STANDIN_NEVER_HEALTHY" not in engine_process(host)[1]
         assert lock_holder(host) is None
     finally:
-        # Whatever this test left running: the killed run's workers and its processes on the host.
+        # Whatever this test left running, so that the next tests find the host free: the run
+        # (when the test failed before its kill), its workers, its processes on the host and the
+        # lock it left.
+        if controller.poll() is None:
+            kill_controller(controller)
         end(workers, signal.SIGKILL)
-        end(started(run_pids(killed["run_id"]) if killed else []), signal.SIGKILL)
+        killed = killed or lock_holder(host)
+        if killed:
+            end(started(run_pids(killed["run_id"])), signal.SIGKILL)
+            if (lock_holder(host) or {}).get("run_id") == killed["run_id"]:
+                host.path(f"{STATE}/lock").unlink()
 
 
 def started(pids) -> dict[int, int]:
