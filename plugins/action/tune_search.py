@@ -38,7 +38,7 @@ from ansible_collections.biv100.serving.plugins.plugin_utils._canary_analysis im
     canary_record,
     side_samples,
 )
-from ansible_collections.biv100.serving.plugins.plugin_utils._project_folder import project_root
+from ansible_collections.biv100.serving.plugins.plugin_utils._project_folder import inventory_argument, project_root
 from ansible_collections.biv100.serving.plugins.plugin_utils._tune_results import (
     FAILED_TO_START,
     INVALID,
@@ -139,6 +139,7 @@ class ActionModule(ActionBase):
                    if args.get(name) is None]
         if missing:
             raise AnsibleActionFail(f"step {step}: {', '.join(missing)} required")
+        self._inventory = inventory_argument((task_vars or {}).get("ansible_inventory_sources"), C.CONFIG_FILE)
         try:
             answer = getattr(self, f"_{step}")(args)
         except (TuneSpaceError, TuneRecordError, ValueError) as error:
@@ -344,7 +345,7 @@ class ActionModule(ActionBase):
         verdicts = "; ".join(f"{entry['id']} {entry['why']}" for entry in judged) or "no finalist"
         about = {"run": state["run"], "host": state["host"], "instance": state["instance"],
                  "release": state["release"], "space": state["space"]["name"], "judged": verdicts}
-        write_proposal(run_dir / PROPOSAL_FILE, best_record, incumbent_shown, about)
+        write_proposal(run_dir / PROPOSAL_FILE, best_record, incumbent_shown, about, self._inventory)
         write_atomic(str(run_dir / FINAL_FILE),
                      json.dumps({"judged": judged, "proposed": best["id"] if winners else None,
                                  "written": utc_timestamp()}, indent=1, sort_keys=True) + "\n")
@@ -353,7 +354,7 @@ class ActionModule(ActionBase):
             line = (f"{state['host']}: tune proposes {best['id']} ({'; '.join(changed_settings(incumbent, best)) or 'no change'}), "
                     f"median score {winners[0]['median_score']:.0f} against the incumbent's "
                     f"{_figure(incumbent_shown['figures'].get('score'))}: {winners[0]['why']}. "
-                    f"Deploy it: ansible-playbook deploy.yml -i <inventory> -e @{run_dir / PROPOSAL_FILE}")
+                    f"Deploy it: ansible-playbook deploy.yml -i {self._inventory} -e @{run_dir / PROPOSAL_FILE}")
         else:
             line = (f"{state['host']}: the incumbent {incumbent['id']} stays: no candidate beat it "
                     f"({verdicts}); {run_dir / PROPOSAL_FILE} holds the current settings")

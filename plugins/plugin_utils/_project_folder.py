@@ -50,3 +50,17 @@ def fleet(sources) -> str:
     """The fleet a run's inventory names: its first inventory folder's name."""
     folders = inventory_folders(sources)
     return folders[0].name if folders else HOST_LIST_FLEET
+
+
+def inventory_argument(sources, config_file: str | None = None) -> str:
+    """What a command for this run's inventory passes as -i: each source, relative to the
+    project folder when it lies inside it (as the team types it); "<inventory>" when a source
+    is a host list (-i 'h1,h2,') or there is none."""
+    root = project_root(config_file)
+    shown = []
+    for source in sources or ():
+        if "," in source:
+            return "<inventory>"
+        path = Path(source).expanduser().absolute()
+        shown.append(str(path.relative_to(root)) if path.is_relative_to(root) else str(path))
+    return " -i ".join(shown) or "<inventory>"

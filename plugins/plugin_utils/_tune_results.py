@@ -196,11 +196,12 @@ def _check(record, where: str) -> None:
         raise TuneRecordError(f"{where}: status {record.get('status')!r} is none of {', '.join(STATUSES)}")
 
 
-def proposal(best: dict, incumbent: dict, about: dict | None = None) -> str:
+def proposal(best: dict, incumbent: dict, about: dict | None = None, inventory: str = "<inventory>") -> str:
     """The YAML document of proposal.yml: engine_args, engine_allocator and engine_env of `best`,
     each whole, since -e replaces a dict rather than merging it. best and incumbent are records
     (or candidates); about holds what the header says it was measured under (run, host,
-    release, workload, space, the judge's verdict, ...), one `# key: value` line each."""
+    release, workload, space, the judge's verdict, ...), one `# key: value` line each;
+    inventory is the -i argument the header's deploy command names."""
     settings = _settings(best)
     about = dict(about or {})
     run = about.get("run")
@@ -211,7 +212,7 @@ def proposal(best: dict, incumbent: dict, about: dict | None = None) -> str:
                    f"# engine settings (candidate {best['id']}), and deploying them changes nothing."]
     else:
         header += [f"# tune.yml proposes candidate {best['id']}. Deploy it through the canary and every gate:",
-                   f"#   ansible-playbook deploy.yml -i inventory/biv100 -e @{target}"]
+                   f"#   ansible-playbook deploy.yml -i {inventory} -e @{target}"]
     header.append("# Each dict is whole (-e replaces a dict): every key the engine runs with, not only the changed ones.")
     header += [f"# {key}: {_one_line(value)}" for key, value in about.items()]
     header.append(f"# measured against the incumbent {incumbent['id']}: {_comparison(best, incumbent)}")
@@ -225,9 +226,10 @@ def proposal(best: dict, incumbent: dict, about: dict | None = None) -> str:
     return "\n".join(header) + "\n" + document
 
 
-def write_proposal(path: str | os.PathLike, best: dict, incumbent: dict, about: dict | None = None) -> None:
-    """Write proposal(best, incumbent, about) to path, whole or not at all."""
-    write_atomic(path, proposal(best, incumbent, about))
+def write_proposal(path: str | os.PathLike, best: dict, incumbent: dict, about: dict | None = None,
+                   inventory: str = "<inventory>") -> None:
+    """Write proposal(best, incumbent, about, inventory) to path, whole or not at all."""
+    write_atomic(path, proposal(best, incumbent, about, inventory))
 
 
 def changed_settings(before: dict, after: dict) -> list[str]:

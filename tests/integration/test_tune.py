@@ -125,6 +125,7 @@ def test_a_search_over_the_shipped_space_proposes_the_best_setting_and_leaves_th
     assert re.search(r"candidate 24 c[0-9a-f]{10} \(.*\): score \d+ >= 8000, TTFT p99 \d+ ms; best so far c[0-9a-f]{10} "
                      r"score \d+ \[simulated\]", text), text[-3000:]
     assert "tune proposes" in text and "judged pass" in text
+    assert f"deploy.yml -i {lab.inventory_path} -e @{folder}/proposal.yml" in text
     # The host runs exactly what it ran before: its release files, engine settings and env file.
     assert host_state(lab) == before
     assert what_runs(host) == running

@@ -132,6 +132,8 @@ def test_a_candidate_that_beats_the_incumbent_is_proposed_though_each_request_is
     assert proposed["proposed"] and proposed["best"] == other["id"]
     assert proposed["changes"] == ["engine_args.max_num_seqs 2 -> 4"]
     assert "tune proposes" in proposed["msg"] and "judged pass" in proposed["msg"]
+    # A run without an inventory path (task_vars has none here) leaves -i for the team to fill.
+    assert f"deploy.yml -i <inventory> -e @{folder}/proposal.yml" in proposed["msg"]
     written = yaml.safe_load((Path(folder) / "proposal.yml").read_text())
     assert written == {"engine_args": {**INCUMBENT["engine_args"], "max_num_seqs": 4},
                        "engine_allocator": INCUMBENT["engine_allocator"], "engine_env": {}}

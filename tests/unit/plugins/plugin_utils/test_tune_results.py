@@ -139,7 +139,8 @@ def test_the_proposal_is_the_whole_settings_to_deploy_with_what_they_were_measur
     incumbent = record(INCUMBENT, figures={"score": 8200.0, "output_tps": 5500.0, "ttft_p99_ms": 290.0,
                                            "simulated": True})
     text = proposal(best, incumbent, {"run": "20260101T000000Z", "host": "biv100-01", "release": "sub510",
-                                      "workload": "default", "judge": "pass, score 92 out of 100"})
+                                      "workload": "default", "judge": "pass, score 92 out of 100"},
+                    inventory="inventory/biv100")
     # Exactly the extra vars, each dict whole: -e replaces a dict.
     assert yaml.safe_load(text) == {"engine_args": FASTER["engine_args"], "engine_allocator": FASTER["engine_allocator"],
                                     "engine_env": {}}
