@@ -44,7 +44,8 @@ description:
     candidate is placed by the figures of its last round (its record read last), a candidate that
     cleared every gate as a point coloured by that round (the legend gives the round's bench
     length), the incumbent (the host's settings) as a star labelled with its id, one that missed
-    a gate as an x at its measured figures. The Pareto front - the eligible candidates no other
+    a gate as an x at its measured figures, the candidate C(proposal.yml) holds (when it is not
+    the incumbent) ringed. The Pareto front - the eligible candidates no other
     one beats on both score and TTFT p99 - is a step line with their ids, the throughput gate a
     dashed line, taken from the candidates' records (C(gate_score), the gate their figures were
     judged against) or, when they do not keep it, from the ledger's figures as C(score.png) draws

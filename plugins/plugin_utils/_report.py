@@ -938,6 +938,13 @@ def _tune_figure(Figure, FigureCanvasAgg, Line2D, run: TuneRun, ledger_gates: li
         handles.append(Line2D([], [], marker="*", markersize=11, linestyle="none", color=colour,
                               label=f"incumbent {incumbent['id']}"
                               + ("" if incumbent["status"] == MEASURED else " (missed a gate)")))
+    chosen = proposed_candidate(run)
+    if chosen is not None and not chosen.get("incumbent") and chosen in placed:
+        figures = _tune_figures(chosen)
+        axes.scatter([figures["ttft_p99_ms"]], [figures["score"]], marker="o", s=260, zorder=5, gid="tune:proposed",
+                     facecolors="none", edgecolors="black", linewidths=1.6)
+        handles.append(Line2D([], [], marker="o", markersize=14, linestyle="none", markerfacecolor="none",
+                              markeredgecolor="black", label=f"proposed {chosen['id']} (proposal.yml)"))
     for record in front:
         figures = _tune_figures(record)
         axes.annotate(record["id"], (figures["ttft_p99_ms"], figures["score"]), textcoords="offset points",
@@ -1023,13 +1030,21 @@ def tune_cells(run: TuneRun, ledger_gates: list) -> dict:
     }
 
 
+def proposed_candidate(run: TuneRun) -> dict | None:
+    """The candidate whose settings proposal.yml holds (the incumbent when none beat it); None
+    without a proposal or when no candidate of the run has its settings."""
+    if run.proposal is None:
+        return None
+    settings = run.proposal["settings"]
+    return next((record for record in run.candidates
+                 if {section: record["settings"].get(section) or {} for section in SECTIONS} == settings), None)
+
+
 def _proposal_cells(run: TuneRun) -> dict | None:
     """The candidate proposal.yml deploys (the one whose settings it holds), and its header."""
     if run.proposal is None:
         return None
-    settings = run.proposal["settings"]
-    matched = next((record for record in run.candidates
-                    if {section: record["settings"].get(section) or {} for section in SECTIONS} == settings), None)
+    matched = proposed_candidate(run)
     if matched is None:
         chosen = "settings that no candidate of the run has"
     elif matched.get("incumbent"):

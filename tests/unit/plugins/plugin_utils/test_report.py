@@ -682,6 +682,9 @@ def test_a_tuning_run_is_drawn_each_candidate_at_its_last_round(tmp_path):
     assert points["tune:measured:1"] == [(500.0, 7000.0)]
     assert points["tune:incumbent"] == [(290.0, 7810.0)]
     assert points["tune:missed_gate"] == [(700.0, 8900.0)]
+    # proposal.yml holds 16's settings: its point is ringed.
+    assert points["tune:proposed"] == [(410.0, 8650.0)]
+    assert f"proposed {SEQS_16['id']} (proposal.yml)" in legend_labels(figure)
     [front] = lines_of(figure, "tune:front")
     assert list(front.get_xdata()) == [290.0, 330.0, 410.0] and list(front.get_ydata()) == [7810.0, 8200.0, 8650.0]
     assert front.get_drawstyle() == "steps-post"
@@ -795,6 +798,7 @@ def test_a_torn_last_line_is_warned_about_and_a_broken_file_named(tmp_path):
     warnings = []
     [run] = load_tuning_runs(tmp_path, warnings.append)
     assert len(run.candidates) == 7 and len(warnings) == 1 and "cut short" in warnings[0]
+    assert "tune:proposed" not in plotted_points(tune_figure(run, []))  # no proposal.yml, no ring
 
     path.write_text("not json\n")
     with pytest.raises(ReportError, match=f"{path}: line 1: not JSON"):
