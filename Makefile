@@ -138,10 +138,11 @@ sanity-2.21: setup-2.21
 
 ## The lab's integration tests, two labs at once: each pytest-xdist worker builds its own labs (its
 ## lab ids, tests/integration/lab_guard.py) and is given whole test modules (--dist loadfile), so
-## that a module's lab and the deploys its fixtures make are built once, on one worker.
+## that a module's lab and the deploys its fixtures make are built once, on one worker. The 20
+## slowest steps are listed: the suite's length is the test run's, and this is where it goes.
 INTEGRATION_WORKERS ?= 2
 integration: setup
-	$(BIN)/pytest tests/integration -q -n $(INTEGRATION_WORKERS) --dist loadfile
+	$(BIN)/pytest tests/integration -q -n $(INTEGRATION_WORKERS) --dist loadfile --durations=20
 
 ## One release's whole cycle on the lab (deploy with every gate, verify, rollback) with
 ## ansible-core 2.21 as the controller.
