@@ -264,8 +264,10 @@ class ActionModule(ActionBase):
         """`h1: candidate 3 c1a2b3c4d5e (max_num_seqs 2 -> 8): score 9120 >= 8000, TTFT p99 212 ms;
         best so far c1a2b3c4d5e score 9120` (one line a candidate, marked when simulated)."""
         # Counted among those that ran: the invalid ones are listed when the round is planned.
-        ran = [line for line in read_records(path) if line["status"] != INVALID]
-        what = "memory step" if memory else f"candidate {len(ran)}"
+        ran = [line for line in read_records(path) if line["status"] != INVALID and line.get("round") is not None]
+        # A record of no round is a finalist's that failed its final trials (the invalid ones are
+        # listed apart): it ran already and is not counted again.
+        what = "memory step" if memory else f"candidate {len(ran)}" if record.get("round") is not None else "finalist"
         head = f"{state['host']}: {what} {record['id']} ({_changes(state, record)})"
         if record["status"] == STARTED:
             return f"{head}: started"

@@ -78,7 +78,10 @@ options:
     description: The folder of the runs; a relative one is the project's.
     type: path
   round:
-    description: The round of O(step=round), from 1.
+    description:
+      - The round of O(step=round), from 1.
+      - With O(step=record), the round the candidate was measured in; none for a finalist that
+        failed its final trials, which are no round.
     type: int
   file:
     description: Which file O(step=record) appends to - the rounds' or the memory step-down's.

@@ -125,6 +125,26 @@ def finals(tmp_path, incumbent_scores, other_scores, other_ttft=100.0):
     return folder, other, run_step("propose", tmp_path, run_dir=folder, trials=trials)
 
 
+def test_a_finalist_that_misses_a_gate_on_its_trials_is_recorded_so_and_is_never_a_finalist_again(tmp_path):
+    folder = plan(tmp_path)["run_dir"]
+    incumbent, other = run_step("round", tmp_path, run_dir=folder, round=1)["pending"]
+    record(tmp_path, folder, incumbent, bench=bench(10000.0), quality=QUALITY, probes=PROBES)
+    record(tmp_path, folder, other, bench=bench(15000.0), quality=QUALITY, probes=PROBES)
+    (finalist,) = run_step("final", tmp_path, run_dir=folder)["finalists"]
+
+    # The trials are no round: the record has none, and its line names a finalist, not another candidate.
+    missed = run_step("record", tmp_path, run_dir=folder, candidate=finalist, status="missed_gate", factor=1.0,
+                      failure="on its final trials: quality gate: deviation -5.0 %, gate ±4 %")
+
+    assert missed["record"]["round"] is None and missed["record"]["status"] == "missed_gate"
+    assert missed["msg"].startswith(f"h1: finalist {other['id']} (max_num_seqs 2 -> 4): missed a gate: "
+                                    "on its final trials: quality gate")
+    assert f"best so far {incumbent['id']} score 10000" in missed["msg"]
+    # Its round's record stays; the last one says it missed: the incumbent alone is left.
+    assert run_step("final", tmp_path, run_dir=folder)["finalists"] == []
+    assert run_step("round", tmp_path, run_dir=folder, round=1)["pending"] == []
+
+
 def test_a_candidate_that_beats_the_incumbent_is_proposed_though_each_request_is_slower(tmp_path):
     folder, other, proposed = finals(tmp_path, [10000.0, 10050.0, 9980.0], [15000.0, 15100.0, 14950.0],
                                      other_ttft=300.0)
