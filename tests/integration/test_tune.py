@@ -33,11 +33,7 @@ SHIPPED_SPACE = yaml.safe_load((REPO / "files" / "tune" / "default.yml").read_te
 # side by side, each prompt in one prefill chunk, which only the highest memory share starts
 # (tests/lab/engine_standin/speed_model.py).
 BEST = {"max_num_seqs": 8, "max_num_batched_tokens": 8192, "gpu_memory_utilization": 0.95}
-# A prefill step five times the default's cost puts BEST 12 % ahead of the runner-up (8, 4096),
-# where the default's 2.7 % is within what a loaded machine's runs differ by.
-STANDIN_ENV = yaml.safe_load((REPO / "inventory" / "lab" / "group_vars" / "biv100.yml").read_text())["engine_env"]
-GIVEN = {"serving_gates": GATES, "serving_bench_workload": WORKLOAD,
-         "engine_env": {**STANDIN_ENV, "BIV100_STANDIN_STEP_SECONDS": "0.02"}}
+GIVEN = {"serving_gates": GATES, "serving_bench_workload": WORKLOAD}
 
 
 @pytest.fixture(scope="module")

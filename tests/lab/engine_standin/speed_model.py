@@ -93,9 +93,8 @@ A request alone
 
 Prefill. With chunked prefill vLLM processes a prompt in steps of at most
 max_num_batched_tokens tokens; without it, in one step (its start-up check makes
-max_num_batched_tokens at least max_model_len then). Each step costs STEP_SECONDS (4 ms;
-BIV100_STANDIN_STEP_SECONDS sets another) beside its tokens, so a prompt of p tokens is
-prefilled in
+max_num_batched_tokens at least max_model_len then). Each step costs STEP_SECONDS (4 ms) beside
+its tokens, so a prompt of p tokens is prefilled in
 
     ceil(p / max_num_batched_tokens) x 0.004 + p / prefill_tps  seconds
 
@@ -139,11 +138,6 @@ Rates (environment of the stand-in; a sequence running alone):
 
     BIV100_STANDIN_PREFILL_TPS   prompt tokens per second          (default 60000)
     BIV100_STANDIN_DECODE_TPS    output tokens per second          (default 6000)
-    BIV100_STANDIN_STEP_SECONDS  a prefill step's own cost         (default 0.004)
-
-A larger step cost makes the prefill chunk weigh more: with prompts of about 8,000 tokens, 0.02 s
-puts max_num_batched_tokens 8192 some 12 % ahead of 4096 (2.7 % at 0.004), a lead no run-to-run
-noise of a loaded machine reverses.
 
 Noise. A real engine's requests do not all take the same time. With BIV100_STANDIN_JITTER = j
 (a fraction, 0 <= j < 1, default 0: none), each request runs (1 + u) times as long as the rates
@@ -216,7 +210,6 @@ PREFILL_TPS_VARIABLE = "BIV100_STANDIN_PREFILL_TPS"
 DECODE_TPS_VARIABLE = "BIV100_STANDIN_DECODE_TPS"
 JITTER_VARIABLE = "BIV100_STANDIN_JITTER"
 SEED_VARIABLE = "BIV100_STANDIN_SEED"
-STEP_SECONDS_VARIABLE = "BIV100_STANDIN_STEP_SECONDS"
 BREAK_VARIABLE = "BIV100_STANDIN_BREAK"
 DEFAULT_PREFILL_TPS = 60000.0
 DEFAULT_DECODE_TPS = 6000.0
@@ -255,7 +248,7 @@ class Rates:
     def from_environ(cls, environ, prefill_chunk=None):
         return cls(_rate(environ, PREFILL_TPS_VARIABLE, DEFAULT_PREFILL_TPS),
                    _rate(environ, DECODE_TPS_VARIABLE, DEFAULT_DECODE_TPS),
-                   _jitter(environ), _seed(environ), prefill_chunk, _step_seconds(environ))
+                   _jitter(environ), _seed(environ), prefill_chunk)
 
     def for_request(self):
         """The rates one request runs at: these, slowed or sped up by its draw of the noise."""
@@ -312,11 +305,6 @@ def _rate(environ, name, default):
 
 def _jitter(environ):
     return _setting(environ, JITTER_VARIABLE, 0.0, float, lambda value: 0 <= value < 1, "a fraction in [0, 1)")
-
-
-def _step_seconds(environ):
-    return _setting(environ, STEP_SECONDS_VARIABLE, STEP_SECONDS, float,
-                    lambda value: value >= 0 and math.isfinite(value), "a number of seconds, 0 or more")
 
 
 def _seed(environ):
