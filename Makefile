@@ -142,7 +142,7 @@ sanity-2.21: setup-2.21
 ## slowest steps are listed: the suite's length is the test run's, and this is where it goes.
 INTEGRATION_WORKERS ?= 2
 integration: setup
-	$(BIN)/pytest tests/integration -q -n $(INTEGRATION_WORKERS) --dist loadfile --durations=20
+	$(BIN)/pytest tests/integration -q -n $(INTEGRATION_WORKERS) --dist loadfile --no-loadscope-reorder --durations=20
 
 ## One release's whole cycle on the lab (deploy with every gate, verify, rollback) with
 ## ansible-core 2.21 as the controller.

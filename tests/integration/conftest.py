@@ -5,6 +5,8 @@ a person left up or another worker's."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 from lab_guard import built_lab
 
@@ -13,3 +15,23 @@ from lab_guard import built_lab
 def lab(tmp_path_factory):
     """A lab of the default 4 hosts (one of each variant, h4 a second vendor host)."""
     yield from built_lab(tmp_path_factory)
+
+
+# The modules by the time they take, longest first (make integration lists the slowest steps).
+# pytest-xdist hands each worker whole modules in the order collected (make integration passes
+# --no-loadscope-reorder, whose default orders them by their number of tests): the long ones
+# start first and the short ones even out the workers' ends. A module not listed goes last.
+HERE = Path(__file__).parent
+LONGEST_FIRST = ("test_deploy_playbook", "test_tune", "test_canary_analysis", "test_rollback", "test_instances",
+                 "test_gates", "test_submission", "test_facts_playbook", "test_release_cycle", "test_lab",
+                 "test_secrets")
+
+
+def pytest_collection_modifyitems(items):
+    rank = {name: position for position, name in enumerate(LONGEST_FIRST)}
+    # These modules' tests only, in the places they held (a run may collect the unit tests too);
+    # a stable sort, so each module's tests keep their order.
+    places = [index for index, item in enumerate(items) if item.path.parent == HERE]
+    ordered = sorted((items[index] for index in places), key=lambda item: rank.get(item.path.stem, len(rank)))
+    for index, item in zip(places, ordered):
+        items[index] = item
