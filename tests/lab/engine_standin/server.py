@@ -363,6 +363,10 @@ class EngineHTTPServer(ThreadingHTTPServer):
 
     daemon_threads = True
     allow_reuse_address = True
+    # uvicorn's backlog. socketserver's default of 5 let a burst of clients (a bench's max_num_seqs
+    # connecting at once) overflow the accept queue: the kernel drops the SYNs past it, and those
+    # clients wait for TCP's one-second retransmission, a stall the real engine does not have.
+    request_queue_size = 2048
 
     def __init__(self, address):
         super().__init__(address, Handler, bind_and_activate=False)

@@ -9,6 +9,7 @@ import ast
 import errno
 import json
 import os
+import select
 import socket
 import subprocess
 import sys
@@ -17,7 +18,7 @@ import urllib.error
 import urllib.request
 
 import pytest
-from engine_standin import cli, flag_table, startup
+from engine_standin import cli, flag_table, server, startup
 from standin_engines import (
     ENGINE_FLAGS,
     LAB_DIR,
@@ -193,6 +194,29 @@ def test_port_is_bound_at_once_and_served_only_after_loading(start):
         engine.request("GET", "/health")
     engine.wait_started()
     assert engine.request("GET", "/health") == (200, "")
+
+
+def test_a_burst_of_clients_is_queued_for_accept_not_dropped():
+    """Many clients connecting at once all complete their handshake while the server is busy
+    (here: not accepting at all), as with uvicorn's backlog of 2048; past a small backlog the
+    kernel drops their SYNs and each waits a second for TCP to send it again."""
+    listener = server.EngineHTTPServer(("127.0.0.1", 0))
+    clients = []
+    try:
+        listener.server_activate()  # listening; no thread accepts
+        for _client in range(64):
+            client = socket.socket()
+            client.setblocking(False)
+            assert client.connect_ex(listener.server_address) in (0, errno.EINPROGRESS)
+            clients.append(client)
+        # A connect whose SYN was dropped stays in progress for a second, until its retransmission.
+        _readable, connected, _errors = select.select([], clients, [], 0.5)
+        assert len(connected) == 64
+        assert all(client.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR) == 0 for client in clients)
+    finally:
+        for client in clients:
+            client.close()
+        listener.server_close()
 
 
 def test_logs_like_vllm(stock):
