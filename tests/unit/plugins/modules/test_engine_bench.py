@@ -368,7 +368,9 @@ def gone(pid, seconds=5.0):
 
 
 def test_a_started_worker_detaches_and_status_calls_follow_it_to_its_result(engine, module_process, tmp_path):
-    url, state = engine(delay=0.05)
+    # About 4 s of requests: a status call (a module process of its own, slow to start on a loaded
+    # machine) still finds the worker measuring.
+    url, state = engine(delay=0.12)
     env_file = tmp_path / "engine.env"
     env_file.write_text("VLLM_API_KEY=%s\n" % SECRET)
     requests = [chat("measured-%d" % n, max_tokens=5) for n in range(8)]
