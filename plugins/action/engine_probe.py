@@ -30,7 +30,7 @@ from ansible_collections.biv100.serving.plugins.plugin_utils._probe_suite import
 from ansible_collections.biv100.serving.plugins.plugin_utils._project_folder import project_root
 
 MODULE = "biv100.serving.engine_probe"
-SUITE_OPTIONS = ("suites", "values", "tags", "skip", "skip_tags", "results_file")
+SUITE_OPTIONS = ("suites", "values", "tags", "skip", "skip_tags", "checks", "results_file")
 
 
 class ActionModule(ActionBase):
@@ -50,7 +50,8 @@ class ActionModule(ActionBase):
             values = dict(suite_args["values"] or {})
             probes = [with_values(probe, values) for probe in select(
                 load_suites(list(suite_args["suites"])), list(suite_args["tags"] or []),
-                list(suite_args["skip"] or []), list(suite_args["skip_tags"] or []))]
+                list(suite_args["skip"] or []), list(suite_args["skip_tags"] or []),
+                list(suite_args["checks"] or []))]
             args["requests"] = [module_request(probe) for probe in probes]
         except SuiteError as error:
             raise AnsibleActionFail(str(error)) from None

