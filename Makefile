@@ -14,8 +14,11 @@ LAB_HOSTS ?= 4
 # The inventory whose fleet `make report` draws (its ledger is ledger/<fleet>).
 REPORT_INVENTORY ?= inventory/lab
 # git: ansible-test lists the collection's files with it. dash and shellcheck: the submission
-# bundle's patch_ops.sh is run under the platform's sh and must pass shellcheck.
-DEBIAN_PACKAGES := openssh-server openssh-client iproute2 python3-venv git dash shellcheck
+# bundle's patch_ops.sh is run under the platform's sh and must pass shellcheck. debootstrap and
+# patchelf: the lab's real engine runs in a Debian 13 root with a Python of its own
+# (tests/lab/real_engine).
+DEBIAN_PACKAGES := openssh-server openssh-client iproute2 python3-venv git dash shellcheck \
+	debootstrap patchelf
 # ansible-test sanity compiles and imports the host-side code on each of these that is installed
 # (the hosts run Python 3.8 and later; ansible-core 2.21's own host-side code needs 3.9), each
 # line's ansible-test as far as it goes; the controller's own Python runs every other test.

@@ -22,7 +22,7 @@ def lab(tmp_path_factory):
 # --no-loadscope-reorder, whose default orders them by their number of tests): the long ones
 # start first and the short ones even out the workers' ends. A module not listed goes last.
 HERE = Path(__file__).parent
-LONGEST_FIRST = ("test_deploy_playbook", "test_tune", "test_canary_analysis", "test_rollback", "test_instances",
+LONGEST_FIRST = ("test_deploy_playbook", "test_tune", "test_real_engine", "test_canary_analysis", "test_rollback", "test_instances",
                  "test_gates", "test_submission", "test_facts_playbook", "test_release_cycle", "test_lab",
                  "test_secrets")
 

@@ -43,12 +43,14 @@ def refuse_unless_the_lab_can_be_built(lab_id: int) -> None:
         )
 
 
-def built_lab(tmp_path_factory, n_hosts: int = 4, gpus: dict | None = None):
-    """Yield a lab of n_hosts (and `gpus` per host, as lab.up takes them) in pytest's temporary
-    folder, under this process's module lab id, then take it down: the body of a test module's
-    `lab` fixture."""
+def built_lab(tmp_path_factory, n_hosts: int = 4, gpus: dict | None = None,
+              real_engines: tuple[str, ...] = ()):
+    """Yield a lab of n_hosts (and `gpus` per host and the hosts of `real_engines`, as lab.up
+    takes them) in pytest's temporary folder, under this process's module lab id, then take it
+    down: the body of a test module's `lab` fixture."""
     lab_id = module_lab_id()
     refuse_unless_the_lab_can_be_built(lab_id)
     lab_dir = tmp_path_factory.mktemp("lab")
-    yield lab_builder.up(n_hosts=n_hosts, gpus=gpus, lab_dir=lab_dir, lab_id=lab_id)
+    yield lab_builder.up(n_hosts=n_hosts, gpus=gpus, lab_dir=lab_dir, lab_id=lab_id,
+                         real_engines=real_engines)
     lab_builder.down(lab_dir)

@@ -94,6 +94,10 @@ MODEL_CONFIGS = {
     },
 }
 
+# The model a real engine's host serves in place of the stand-in's config-only Qwen3.5: the
+# runtime's tiny checkpoint.
+REAL_ENGINE_MODEL = "qwen3_5"
+
 QWEN3_5_STANDIN = '''\
 # The biv100.serving test lab's stand-in for the vendor's Qwen3.5 model file, which the CoreX
 # vLLM fork ships and upstream 0.10.1.1 lacks: the classes the vendor's registry names, with
@@ -201,8 +205,8 @@ def _make_venv(tree: Path) -> str:
 
 def _make_runtime_venv(tree: Path, runtime: real_engine.Runtime) -> str:
     """A venv of the runtime's Python whose path has the runtime's packages; return its
-    site-packages folder as the host sees it. Written by hand: `venv` would run that Python from
-    the root namespace, where nothing differs, but this is all it writes that the host needs."""
+    site-packages folder as the host sees it. Written as `python -m venv --without-pip` writes
+    one: its interpreter links, pyvenv.cfg and site-packages, with a .pth naming the packages."""
     venv = in_tree(tree, VENV)
     version = f"python{real_engine.PYTHON_VERSION}"
     (venv / "bin").mkdir(parents=True)
@@ -391,10 +395,6 @@ def _write_models(tree: Path, runtime: real_engine.Runtime | None) -> dict:
             (in_tree(tree, model_path) / "config.json").write_text(json.dumps(config, indent=2))
         models[name] = {"path": model_path, "architectures": config["architectures"]}
     return models
-
-
-# The model a real engine's host serves in place of the stand-in's Qwen3.5.
-REAL_ENGINE_MODEL = "qwen3_5"
 
 
 def _authorize(tree: Path, public_key: str) -> None:

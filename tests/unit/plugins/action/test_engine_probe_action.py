@@ -23,6 +23,7 @@ HOST = "gpu1"
 SUITE = """
 - name: chat
   tags: [chat]
+  checks: protocol
   guards: no answer
   request:
     method: POST
@@ -34,6 +35,7 @@ SUITE = """
     - body.model == ${served_model_name}
 - name: models
   tags: [models]
+  checks: protocol
   guards: the model list
   request:
     method: GET
@@ -115,7 +117,7 @@ def test_tags_select_the_probes_sent(suite):
 
 def test_a_bad_suite_is_refused_before_any_request_is_sent(tmp_path):
     broken = tmp_path / "broken.yml"
-    broken.write_text("- name: chat\n  guards: no answer\n  request: {method: GET, path: /v1/models}\n"
+    broken.write_text("- name: chat\n  checks: protocol\n  guards: no answer\n  request: {method: GET, path: /v1/models}\n"
                       "  expect: ['status ==']\n")
     with pytest.raises(AnsibleActionFail) as refusal:
         run_action(suite_args(str(broken)), [])

@@ -23,6 +23,7 @@ VALUES = {"served_model_name": "qwen3_5", "max_model_len": 256000, "long_prompt_
 PROBE = """
 - name: chat
   tags: [chat]
+  checks: protocol
   guards: no answer
   request:
     method: POST
@@ -75,11 +76,14 @@ def test_an_expectation_on_a_missing_part_of_the_answer_fails(tmp_path):
 
 
 @pytest.mark.parametrize("text, message", [
-    ("- {name: a, guards: g, request: {path: /health}}\n", "expect is missing"),
-    ("- {name: a, guards: g, request: {path: /health}, expect: ['status ==']}\n", "is not jmespath"),
-    ("- {name: a, guards: g, request: {path: /health, verb: GET}, expect: [status]}\n",
+    ("- {name: a, checks: protocol, guards: g, request: {path: /health}}\n", "expect is missing"),
+    ("- {name: a, guards: g, request: {path: /health}, expect: [status]}\n", "checks is missing"),
+    ("- {name: a, checks: weights, guards: g, request: {path: /health}, expect: [status]}\n",
+     "checks is 'weights', not one of protocol, model"),
+    ("- {name: a, checks: protocol, guards: g, request: {path: /health}, expect: ['status ==']}\n", "is not jmespath"),
+    ("- {name: a, checks: protocol, guards: g, request: {path: /health, verb: GET}, expect: [status]}\n",
      "unknown request keys verb"),
-    ("- {name: a, guards: g, colour: red, request: {path: /health}, expect: [status]}\n",
+    ("- {name: a, checks: protocol, guards: g, colour: red, request: {path: /health}, expect: [status]}\n",
      "unknown keys colour"),
     ("name: a\n", "must be a list of probes"),
     ("- [a\n", "is not YAML"),
@@ -92,8 +96,8 @@ def test_a_bad_suite_is_refused_naming_its_file_and_probe(tmp_path, text, messag
 
 
 def test_a_probe_name_is_unique_across_suites(tmp_path):
-    first = suite(tmp_path, "- {name: a, guards: g, request: {path: /health}, expect: [status]}\n")
-    second = suite(tmp_path, "- {name: a, guards: g, request: {path: /x}, expect: [status]}\n",
+    first = suite(tmp_path, "- {name: a, checks: protocol, guards: g, request: {path: /health}, expect: [status]}\n")
+    second = suite(tmp_path, "- {name: a, checks: protocol, guards: g, request: {path: /x}, expect: [status]}\n",
                    "more.yml")
     with pytest.raises(SuiteError, match="probe a is also defined in"):
         load_suites([first, second])
@@ -118,15 +122,20 @@ def test_an_unknown_value_and_a_missing_suite_are_refused(tmp_path):
 def test_folders_tags_and_skips_select_probes(tmp_path):
     folder = tmp_path / "suites"
     folder.mkdir()
-    suite(folder, "- {name: a, tags: [x], guards: g, request: {path: /a}, expect: [status]}\n", "1.yml")
-    suite(folder, "- {name: b, tags: [y], guards: g, request: {path: /b}, expect: [status]}\n", "2.yml")
+    suite(folder, "- {name: a, tags: [x], checks: protocol, guards: g, request: {path: /a}, expect: [status]}\n", "1.yml")
+    suite(folder, "- {name: b, tags: [y], checks: model, guards: g, request: {path: /b}, expect: [status]}\n", "2.yml")
     probes = load_suites([str(folder)])
 
     assert [probe.name for probe in select(probes, [], [])] == ["a", "b"]
     assert [probe.name for probe in select(probes, ["y"], [])] == ["b"]
     assert [probe.name for probe in select(probes, [], ["a"])] == ["b"]
+    assert [probe.name for probe in select(probes, [], [], checks=["protocol"])] == ["a"]
+    assert [probe.name for probe in select(probes, [], [], checks=["model"])] == ["b"]
+    assert [probe.name for probe in select(probes, [], [], checks=["protocol", "model"])] == ["a", "b"]
     with pytest.raises(SuiteError, match="probe_skip names no probe: c"):
         select(probes, [], ["c"])
+    with pytest.raises(SuiteError, match="probe_checks: weights is none of protocol, model"):
+        select(probes, [], [], checks=["weights"])
 
 
 # ---- the expectation functions ------------------------------------------------------------
@@ -134,7 +143,7 @@ def test_folders_tags_and_skips_select_probes(tmp_path):
 def judged(tmp_path, expectations, answer, request_body=None):
     """The verdict of a probe with these expectations on this answer."""
     body = request_body or {"messages": [{"role": "user", "content": "Hi"}]}
-    text = ("- name: p\n  tags: [t]\n  guards: g\n  request:\n    method: POST\n"
+    text = ("- name: p\n  tags: [t]\n  checks: protocol\n  guards: g\n  request:\n    method: POST\n"
             "    path: /v1/chat/completions\n    body: " + json.dumps(body) + "\n  expect:\n"
             + "".join(f"    - {json.dumps(expectation)}\n" for expectation in expectations))
     (probe,) = load_suites([suite(tmp_path, text)])
@@ -246,7 +255,7 @@ def test_a_missing_schema_fails_instead_of_passing(tmp_path):
     ("regex_fullmatch(body.id, '(chatcmpl')", r"'\(chatcmpl' is not a regular expression"),
 ])
 def test_a_misused_function_fails_the_suite_when_it_is_loaded(tmp_path, expectation, message):
-    text = ("- {name: a, guards: g, request: {path: /health}, expect: [" + json.dumps(expectation)
+    text = ("- {name: a, checks: protocol, guards: g, request: {path: /health}, expect: [" + json.dumps(expectation)
             + "]}\n")
     with pytest.raises(SuiteError, match=message):
         load_suites([suite(tmp_path, text)])
