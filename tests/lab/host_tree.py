@@ -68,7 +68,6 @@ IN_ENGINE_ROOT = f"{COREX_PREFIX}/lab/bin/in-engine-root"
 
 STANDIN = "standin"
 REAL_VLLM = "vllm"
-ENGINES = (STANDIN, REAL_VLLM)
 
 UPSTREAM = "upstream"
 VENDOR_UNREGISTERED = "vendor-unregistered"
@@ -155,7 +154,8 @@ def build_host_tree(tree: Path, host: HostSpec, vllm_release: Path, authorized_k
     real engine needs the real engine's `runtime`; `vllm_release` is then not used."""
     for mount in PRIVATE_MOUNTS:
         in_tree(tree, mount).mkdir(parents=True)
-    if host.engine == REAL_VLLM:
+    runtime = runtime if host.engine == REAL_VLLM else None
+    if runtime:
         site_packages = _make_runtime_venv(tree, runtime)
         source, metadata = runtime.wheel, _as_vllm(runtime.dist_info() / "METADATA")
     else:
@@ -167,17 +167,17 @@ def build_host_tree(tree: Path, host: HostSpec, vllm_release: Path, authorized_k
     digests = _file_digests(package)
     _write_dist_info(package.parent, _with_version(metadata, version), version, digests)
     gpu_names = _write_ixsmi(tree, host)
-    if host.engine == REAL_VLLM:
+    if runtime:
         _install_in_engine_root(tree, runtime)
     else:
         _install_engine_standin(tree)
     if host.supervisord:
         _install_supervisord(tree, in_tree(tree, site_packages))
-    models = _write_models(tree, runtime if host.engine == REAL_VLLM else None)
+    models = _write_models(tree, runtime)
     _authorize(tree, authorized_key)
     return {
         "engine": host.engine,
-        "engine_runtime": str(runtime.path) if host.engine == REAL_VLLM else None,
+        "engine_runtime": str(runtime.path) if runtime else None,
         "vllm_version": version,
         "interpreter": INTERPRETER,
         "package_root": f"{site_packages}/vllm",

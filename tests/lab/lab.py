@@ -41,9 +41,9 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
-from collections.abc import Iterable
 from pathlib import Path
 
 import host_tree
@@ -247,7 +247,7 @@ class LabHost:
     # A process that holds the host's mount and UTS namespaces for as long as the lab is up, so
     # that the host keeps its files and /run while its sshd is down.
     namespace_pid: int = 0
-    engine: str = host_tree.STANDIN  # what serves: host_tree.ENGINES
+    engine: str = host_tree.STANDIN  # what serves: host_tree.STANDIN or host_tree.REAL_VLLM
     engine_runtime: str | None = None  # the real engine's runtime folder, on its hosts
 
     @property
@@ -453,16 +453,20 @@ def resolve_lab_dir(lab_dir: str | Path | None = None, lab_id: LabId | None = No
     """The lab dir asked for, else BIV100_LAB_DIR, else the lab id's default one."""
     default = (lab_id or LabId.resolve()).default_dir
     path = Path(lab_dir or os.environ.get(LAB_DIR_ENV) or default).resolve()
+    _refuse_unless_shared(path, "the lab dir", "sshd_config and the launch script",
+                          f"its sshd could not read its own files. Choose another, e.g. {DEFAULT_LAB_DIR}")
+    return path
+
+
+def _refuse_unless_shared(path: Path, what: str, carriers: str, why: str) -> None:
+    """Refuse a folder of the machine's that the hosts must see as it is: one under a folder
+    every host mounts over, or whose name the files naming it (`carriers`) cannot carry."""
     if any(character.isspace() for character in str(path)):
-        raise LabError(f"the lab dir {str(path)!r} contains white space, which sshd_config and "
-                       "the launch script cannot carry; choose another")
+        raise LabError(f"{what} {str(path)!r} contains white space, which {carriers} cannot carry; "
+                       "choose another")
     for hidden in (*host_tree.PRIVATE_MOUNTS, "/run"):
         if _is_under(str(path), hidden):
-            raise LabError(
-                f"the lab dir {path} is under {hidden}, which every lab host mounts over: its "
-                f"sshd could not read its own files. Choose another, e.g. {DEFAULT_LAB_DIR}"
-            )
-    return path
+            raise LabError(f"{what} {path} is under {hidden}, which every lab host mounts over: {why}")
 
 
 # --- state of the machine and of the lab dir -------------------------------------------------
@@ -551,6 +555,7 @@ def _healthy_lab_or_none(layout: LabDir) -> Lab | None:
 def _health_problems(lab: Lab) -> list[str]:
     layout = LabDir(lab.dir)
     problems = []
+    runtime = real_engine.current_runtime()
     if _bridge_owner(lab.id) != lab.dir:
         problems.append(f"the bridge {lab.id.bridge} is missing or not this lab's")
     for host in lab.hosts:
@@ -558,7 +563,7 @@ def _health_problems(lab: Lab) -> list[str]:
             problems.append(f"{host.name}'s sshd (pid {host.sshd_pid}) is not running")
         elif not _accepts_tcp(host.ip):
             problems.append(f"{host.name}'s sshd does not accept connections on {host.ip}")
-        if host.engine == host_tree.REAL_VLLM and not real_engine.is_current(host.engine_runtime):
+        if host.engine == host_tree.REAL_VLLM and not runtime.is_built(host.engine_runtime):
             problems.append(f"{host.name}'s real engine runtime {host.engine_runtime} is not "
                             "this checkout's")
     return problems
@@ -591,11 +596,16 @@ def _engines(n_hosts: int, real_engines: Iterable[str]) -> list[str]:
     """The engine of each host, host 1 first, from the hosts `real_engines` names."""
     engines = [host_tree.STANDIN] * n_hosts
     for name in real_engines:
-        named = re.fullmatch(r"(?:lab\d*-)?h(\d+)", name)
-        if not named or not 1 <= int(named[1]) <= n_hosts:
-            raise LabError(f"real engine on {name!r}: the lab's hosts are h1 to h{n_hosts}")
-        engines[int(named[1]) - 1] = host_tree.REAL_VLLM
+        engines[_host_index(name, n_hosts, "real engine on") - 1] = host_tree.REAL_VLLM
     return engines
+
+
+def _host_index(name: str, n_hosts: int, what: str) -> int:
+    """The index of the host a command line or a test names ("h2" or "lab-h2")."""
+    named = re.fullmatch(r"(?:lab\d*-)?h(\d+)", name)
+    if not named or not 1 <= int(named[1]) <= n_hosts:
+        raise LabError(f"{what} {name!r}: the lab's hosts are h1 to h{n_hosts}")
+    return int(named[1])
 
 
 def _gpu_counts(n_hosts: int, gpus: dict[str, int]) -> list[int]:
@@ -604,12 +614,10 @@ def _gpu_counts(n_hosts: int, gpus: dict[str, int]) -> list[int]:
         raise LabError(f"the lab has 1 to {MAX_HOSTS} hosts, not {n_hosts}")
     counts = [DEFAULT_GPUS] * n_hosts
     for name, count in gpus.items():
-        named = re.fullmatch(r"(?:lab\d*-)?h(\d+)", name)
-        if not named or not 1 <= int(named[1]) <= n_hosts:
-            raise LabError(f"GPU count for {name!r}: the lab's hosts are h1 to h{n_hosts}")
+        index = _host_index(name, n_hosts, "GPU count for")
         if not 0 <= count <= MAX_GPUS:
             raise LabError(f"GPU count for {name!r}: {count} is not between 0 and {MAX_GPUS}")
-        counts[int(named[1]) - 1] = count
+        counts[index - 1] = count
     return counts
 
 
@@ -639,6 +647,9 @@ def _build(layout: LabDir, lab_id: LabId, gpu_counts: list[int], engines: list[s
     timer = _PhaseTimer()
     runtime = None
     if host_tree.REAL_VLLM in engines:
+        _refuse_unless_shared(real_engine.current_runtime().path, "the real engine's runtime",
+                              "the hosts' venv and in-engine-root",
+                              f"its hosts could not run it. Choose another ({real_engine.RUNTIME_DIR_ENV})")
         with timer("real engine runtime"):
             runtime = real_engine.ensure_runtime()
     route_source = _root_namespace_ipv4()

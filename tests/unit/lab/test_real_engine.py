@@ -53,12 +53,20 @@ def test_a_file_that_is_not_a_64_bit_elf_is_refused_untouched(tmp_path):
     assert text.read_bytes() == b"#!/bin/sh\n" + bytes(100)
 
 
-@pytest.mark.parametrize("parent", ["/root/.cache/runtime", "/opt/runtime", "/usr/local/corex/x",
-                                    "relative/runtime"])
-def test_a_runtime_where_the_hosts_cannot_see_it_is_refused(monkeypatch, parent):
-    monkeypatch.setenv(real_engine.RUNTIME_DIR_ENV, parent)
-    with pytest.raises(real_engine.RuntimeBuildError, match="so that the hosts see it"):
+def test_a_relative_runtime_folder_is_refused(monkeypatch):
+    monkeypatch.setenv(real_engine.RUNTIME_DIR_ENV, "relative/runtime")
+    with pytest.raises(real_engine.RuntimeBuildError, match="must be an absolute path"):
         real_engine.runtime_parent()
+
+
+@pytest.mark.parametrize("parent, hidden", [("/root/.cache/runtime", "/root"), ("/opt/runtime", "/opt"),
+                                            ("/usr/local/corex/x", "/usr/local/corex"), ("/run/x", "/run")])
+def test_a_runtime_where_the_hosts_cannot_see_it_is_refused(monkeypatch, parent, hidden):
+    monkeypatch.setenv(real_engine.RUNTIME_DIR_ENV, parent)
+    with pytest.raises(lab.LabError, match=f"is under {hidden}, which every lab host mounts over: "
+                                           "its hosts could not run it"):
+        lab._refuse_unless_shared(real_engine.current_runtime().path, "the real engine's runtime",
+                                  "the hosts' venv", "its hosts could not run it")
 
 
 def test_the_runtime_key_follows_what_the_runtime_is_built_from(monkeypatch, tmp_path):
