@@ -57,7 +57,36 @@ def shown_values(values):
     return ", ".join("set" if value is None else shown(value) for value in values)
 
 
+def as_running(running, desired):
+    """The desired command as a running engine's argv shows it.
+
+    A launcher at the front of the command that execs the rest (chroot, numactl, taskset, env,
+    the lab's in-engine-root) leaves the kernel the command from its program on: when the
+    running program is not the desired command's first word but one of its later words, the
+    desired command from that word on. The launcher's own words, which the argv cannot show,
+    are compared with the launch record (launcher_drift).
+    """
+    if running and desired and running[0] != desired[0] and running[0] in desired[1:]:
+        return desired[desired.index(running[0], 1):]
+    return desired
+
+
+def launcher(command, running):
+    """The words at the front of `command` that a running engine's argv does not show."""
+    return command[:len(command) - len(as_running(running, command))]
+
+
+def launcher_drift(launched, running, desired):
+    """A launcher at the front of the command that differs from the one the engine was started
+    with (`launched`, the launch record's command; None when there is none)."""
+    if launched is None or launcher(launched, running) == launcher(desired, running):
+        return []
+    return ["launcher: running %s, desired %s" % (
+        " ".join(launcher(launched, running)) or "none", " ".join(launcher(desired, running)) or "none")]
+
+
 def argument_drift(running, desired):
+    desired = as_running(running, desired)
     running_positional, running_options = split_arguments(running)
     desired_positional, desired_options = split_arguments(desired)
     sentences = []
@@ -94,9 +123,13 @@ def environment_drift(running, desired, extra_is_drift):
     ]
 
 
-def drift(observed, desired_command, desired_env, extra_is_drift=True):
+def drift(observed, desired_command, desired_env, extra_is_drift=True, launched=None):
+    """Every difference of the running engine (`observed`: its argv and environment) from the
+    desired command and environment; `launched` is the command the engine was started with, as
+    its launch record keeps it, when there is one."""
     sentences = []
     if desired_command is not None:
+        sentences += launcher_drift(launched, observed["command"], desired_command)
         sentences += argument_drift(observed["command"], desired_command)
     if desired_env is not None:
         sentences += environment_drift(observed["env"], desired_env, extra_is_drift)

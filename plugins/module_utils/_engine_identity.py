@@ -94,6 +94,12 @@ def record_pid(pid_file, engine, command, manager):
     atomic_write(pid_file, ("%d\n" % engine.pid).encode("ascii"))
 
 
+def launched_command(pid_file):
+    """The command the engine of `pid_file` was started with, as its launch record keeps it;
+    None without a record."""
+    return read_json(launch_record_path(pid_file), default={}).get("command")
+
+
 def remove_pid_files(pid_file):
     for path in (pid_file, launch_record_path(pid_file)):
         try:

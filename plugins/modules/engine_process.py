@@ -50,6 +50,10 @@ description:
     O(command) and the desired environment. Arguments are compared as option/value pairs, so
     the same options in another order are no drift. Under a service manager, variables the
     manager adds of its own are no drift.
+  - A launcher at the front of O(command) that execs the rest (C(chroot), C(numactl),
+    C(taskset), C(env)) leaves the running engine's argv without its words; the argv is then
+    compared with O(command) from its program on, and the launcher's words with those of the
+    command the launch record kept.
 author:
   - biv100.serving maintainers (!UNKNOWN)
 options:
@@ -387,6 +391,7 @@ from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.biv100.serving.plugins.module_utils._engine_drift import drift
 from ansible_collections.biv100.serving.plugins.module_utils._engine_identity import (
     EngineError,
+    launched_command,
     remove_pid_files,
 )
 from ansible_collections.biv100.serving.plugins.module_utils._engine_managers import (
@@ -712,7 +717,8 @@ def main():
         )
     before = engine.observed(desired_env) if engine else dict(NOT_RUNNING)
     hide_secrets(module, secrets, before["env"])
-    drifted = drift(before, command, desired_env, manager.owns_whole_environment) if engine else []
+    drifted = drift(before, command, desired_env, manager.owns_whole_environment,
+                    launched_command(params["pid_file"])) if engine else []
 
     definition = None
     if state in ("started", "restarted"):

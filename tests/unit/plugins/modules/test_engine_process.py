@@ -209,6 +209,20 @@ def test_drift_is_reported_by_status_and_restarts_a_started_engine(engine):
     assert restarted["env"]["PYTORCH_CUDA_ALLOC_CONF"] == "expandable_segments:True"
 
 
+def test_a_launcher_that_execs_the_engine_is_no_drift_and_a_changed_launcher_is(engine, server_script):
+    # env, like chroot, numactl or the lab's in-engine-root, execs the command: the kernel's argv
+    # is the engine's own, without the launcher's words.
+    engine_command = [sys.executable, str(server_script), "--port", str(engine.port)]
+    first = engine(command=["/usr/bin/env"] + engine_command).result
+    assert first["command"] == engine_command
+
+    again = engine(command=["/usr/bin/env"] + engine_command).result
+    assert (again["changed"], again["action"], again["drift"], again["pid"]) == (False, "none", [], first["pid"])
+
+    other = engine(command=["/usr/bin/env", "-u", "NOTHING_SET"] + engine_command, state="status").result
+    assert other["drift"] == ["launcher: running /usr/bin/env, desired /usr/bin/env -u NOTHING_SET"]
+
+
 def test_a_flag_and_an_unset_variable_are_drift_too(engine):
     engine(env={"VLLM_LOGGING_LEVEL": "DEBUG"})
     status = engine("--ignore-sigterm", state="status", env={"OTHER": "1"}).result
