@@ -13,7 +13,8 @@ import subprocess
 
 import pytest
 import yaml
-from lab_files import REGISTRY, REPO, current_release, digest, engine_process, package_file
+from lab_files import (CHAT, REGISTRY, REPO, STATE, copy_payload, current_release, digest,
+                       engine_process, package_file)
 from lab_guard import built_lab
 from playbook_runs import ONE_BATCH, run_playbook
 
@@ -21,6 +22,9 @@ pytestmark = pytest.mark.lab
 
 PROTOCOL_PROBES = sum(probe["checks"] == "protocol" for probe in
                       yaml.safe_load((REPO / "files" / "probes" / "default.yml").read_text()))
+# A serving file that compiles and imports, and raises inside the request path of every chat.
+CHECK_MODEL = "        error_check_ret = await self._check_model(request)\n"
+RAISES = "        raise RuntimeError('the payload broke the chat request path')\n"
 
 
 @pytest.fixture(scope="module")
@@ -58,3 +62,44 @@ def test_the_real_engine_serves_the_payload_and_its_registry_overlay(lab, first_
     # The vendor-unregistered base cannot serve Qwen3_5ForCausalLM: the overlay made it serve.
     assert digest(package_file(real, REGISTRY)) != real.package_sha256[REGISTRY]
     assert current_release(real)["status"] == "good" and chat_status(lab, real) == "200"
+
+
+@pytest.fixture
+def raising_payload(lab, first_deploy, tmp_path):
+    """The shipped payload with serving_chat.py replaced by a whole file: the one the first
+    release installed (the vendor's, with the payload's fix), raising before it answers any
+    chat."""
+    payload = copy_payload(tmp_path)
+    installed = package_file(lab.hosts[1], CHAT).read_text()
+    assert installed.count(CHECK_MODEL) == 1 and installed != lab.hosts[1].path(f"{STATE}/base/{CHAT}").read_text()
+    (payload / "overlays").mkdir()
+    (payload / "overlays" / "serving_chat.py").write_text(installed.replace(CHECK_MODEL, RAISES + CHECK_MODEL))
+    manifest = yaml.safe_load((payload / "manifest.yml").read_text())
+    manifest["entries"] = [entry for entry in manifest["entries"] if entry["dest"] != "serving_chat.py"]
+    manifest["entries"].append({"name": "raises-in-chat", "kind": "file",
+                                "src": "overlays/serving_chat.py", "dest": "serving_chat.py"})
+    (payload / "manifest.yml").write_text(yaml.safe_dump(manifest, sort_keys=False))
+    return payload
+
+
+def test_a_serving_file_that_raises_passes_the_stand_in_and_the_real_engine_rolls_it_back(
+        lab, raising_payload, tmp_path):
+    standin, real = lab.hosts
+    deploy = {"serving_release": "sub602", "stage_payload_dir": str(raising_payload)}
+
+    # The stand-in reads which fixes the serving files carry, not what they do: it cannot fail.
+    on_standin = run_playbook("deploy.yml", lab.inventory_path, tmp_path / "standin",
+                              extravars=deploy, limit=standin.name)
+    assert on_standin.rc == 0, on_standin.stdout()[-3000:]
+    assert (current_release(standin)["id"], current_release(standin)["status"]) == ("sub602", "good")
+
+    # The real engine runs the file: its chats answer 500, the probes fail, the host goes back.
+    on_real = run_playbook("deploy.yml", lab.inventory_path, tmp_path / "real", extravars=deploy,
+                           limit=real.name)
+    assert on_real.rc != 0
+    failed = " ".join(on_real.failure_messages(real.name))
+    assert "probes failed" in failed and "status == `200`" in failed, failed
+    assert current_release(real)["id"] == "sub601"
+    assert json.loads(real.path(f"{STATE}/releases/sub602/release.json").read_text())["status"] == "failed"
+    assert f"{real.name}: sub601 rolled back; rolled back from sub602" in on_real.stdout(), on_real.stdout()[-2000:]
+    assert chat_status(lab, real) == "200"

@@ -494,6 +494,19 @@ def _bridge_owner(lab_id: LabId) -> Path | None:
     return Path(alias) if alias else None
 
 
+def _runtimes_in_use() -> set[Path]:
+    """The real engine runtimes the labs up on the machine run (their bridges name their lab
+    dirs), which a build of another runtime must not remove."""
+    links = json.loads(_run(["ip", "-j", "link", "show"]).stdout)
+    in_use = set()
+    for link in links:
+        if LAB_BRIDGE.fullmatch(link["ifname"]) and link.get("ifalias"):
+            record = _read_json_if_any(LabDir(Path(link["ifalias"])).record) or {}
+            in_use |= {Path(host["engine_runtime"]) for host in record.get("hosts", [])
+                       if host.get("engine_runtime")}
+    return in_use
+
+
 def _netns_names() -> list[str]:
     return _run(["ip", "netns", "list"]).stdout.split()
 
@@ -651,7 +664,7 @@ def _build(layout: LabDir, lab_id: LabId, gpu_counts: list[int], engines: list[s
                               "the hosts' venv and in-engine-root",
                               f"its hosts could not run it. Choose another ({real_engine.RUNTIME_DIR_ENV})")
         with timer("real engine runtime"):
-            runtime = real_engine.ensure_runtime()
+            runtime = real_engine.ensure_runtime(in_use=_runtimes_in_use())
     route_source = _root_namespace_ipv4()
     layout.root.mkdir(parents=True, exist_ok=True)
     # Written first, so that a down after an interrupted up knows which lab id to take down and

