@@ -322,4 +322,3 @@ def _run(command: list[str], what: str, show: bool = False, **kwargs) -> None:
         tail = "\n".join((result.stdout or "").splitlines()[-20:])
         raise RuntimeBuildError(f"{what} failed (exit {result.returncode}): {' '.join(command)}"
                                 + (f"\n{tail}" if tail else ""))
-
