@@ -211,8 +211,9 @@ def decide(order, hosts: dict, *, enabled: bool, measured: bool, first_batch: in
 
     `order` is the rollout's hosts, canary first; `hosts` maps each to what the plan reads of it:
     takes_part, release ({id, status} of what it runs now, id null on the vendor's files), gpus
-    (its GPU count), instances (its engine instances' names) and gates (what its current release
-    recorded), and serving (the names of the collection's engines running on it).
+    (its GPU count), instances (its engine instances' names), engines (the programs they run,
+    sorted: a baseline of another engine measures another engine), gates (what its current
+    release recorded), and serving (the names of the collection's engines running on it).
     `baseline` is the host serving_canary_baseline names.
     """
     order = list(order)
@@ -248,6 +249,9 @@ def decide(order, hosts: dict, *, enabled: bool, measured: bool, first_batch: in
         if sorted(other.get("instances") or ()) != sorted(info.get("instances") or ()):
             return (f"its engine instances ({', '.join(other.get('instances') or ())}) are not the canary's "
                     f"({', '.join(info.get('instances') or ())})")
+        if other.get("engines") != info.get("engines"):
+            return (f"its engine is {' and '.join(other.get('engines') or ('unknown',))}, the canary's "
+                    f"{' and '.join(info.get('engines') or ('unknown',))}")
         idle = sorted(set(other.get("instances") or ()) - set(other.get("serving") or ()))
         if idle:
             return f"its engine{'s' if len(idle) > 1 else ''} {', '.join(idle)} {'do' if len(idle) > 1 else 'does'} not run"
@@ -280,6 +284,14 @@ def chosen(canary: str, baseline: str | None, kind: str, release: dict) -> dict:
             "why": f"against {against} ({kind}, {release.get('id') or 'vendor files'})"}
 
 
+def engine_program(command) -> str:
+    """The program of an engine's command line, its words before the first option: the same
+    engine on two hosts is the same program (`python3 -m vllm.entrypoints.openai.api_server`)."""
+    words = list(command)
+    options = next((index for index, word in enumerate(words) if word.startswith("--")), len(words))
+    return " ".join(words[:options])
+
+
 def rollout_hosts(order, hostvars) -> dict:
     """What canary_plan reads of each host of the rollout, from its variables after the check play:
     its part in the rollout, its current release (stage_plan), GPUs (gpu_facts) and instances."""
@@ -295,6 +307,8 @@ def rollout_hosts(order, hostvars) -> dict:
             "gpus": gpus.get("count"),
             "serving": [engine.get("name") for engine in gpus.get("engines") or ()],
             "instances": [instance["name"] for instance in variables.get("engine_host_instances") or ()],
+            "engines": sorted({engine_program(instance.get("command") or ())
+                               for instance in variables.get("engine_host_instances") or ()}),
             "gates": record.get("gates"),
         }
     return hosts

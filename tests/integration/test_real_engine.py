@@ -13,14 +13,28 @@ from __future__ import annotations
 
 import hashlib
 import json
+import shlex
 import subprocess
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
+import conformance
 import pytest
 import yaml
+from conformance import command_line
+from engine_standin import cli
 from lab_files import (CHAT, REGISTRY, REPO, STATE, copy_payload, current_release, digest,
-                       engine_process, package_file)
+                       engine_process, package_file, recorded)
 from lab_guard import built_lab
 from playbook_runs import ONE_BATCH, run_playbook
+
+from ansible_collections.biv100.serving.plugins.plugin_utils._bench_workload import expand, load_workload
+from ansible_collections.biv100.serving.plugins.plugin_utils._probe_suite import (
+    load_suites,
+    module_request,
+    select,
+    with_values,
+)
 
 pytestmark = pytest.mark.lab
 
@@ -31,6 +45,43 @@ CHECK_MODEL = "        error_check_ret = await self._check_model(request)\n"
 RAISES = "        raise RuntimeError('the payload broke the chat request path')\n"
 # A model file of the vendor's, which the guard must find as its installer recorded it.
 QWEN3 = "model_executor/models/qwen3.py"
+CONFORMANCE = Path(conformance.__file__).parent
+IN_ENGINE_ROOT = "/usr/local/corex/lab/bin/in-engine-root"
+# The bench's streaming requests held to the real engine: the default workload's warm-up pair.
+BENCH_REQUESTS = 2
+
+
+def host_python(lab, host, script: Path, stdin: str, *launcher: str) -> str:
+    """What a script of tests/lab/conformance prints, run by the host's Python on the host."""
+    command = [*launcher, host.interpreter, "-c", shlex.quote(script.read_text())]
+    run = subprocess.run(lab.ssh_command(host, *command), input=stdin, capture_output=True,
+                         text=True, timeout=600, check=False)
+    assert run.returncode == 0, run.stderr[-3000:]
+    return run.stdout.splitlines()[-1]  # the real vllm logs to stdout before the answer
+
+
+def probe_values(args: dict) -> dict:
+    """The values roles/probe/vars/main.yml gives the suites, for an engine's arguments."""
+    return {"served_model_name": "qwen3_5", "max_model_len": args["max_model_len"],
+            "max_num_seqs": args["max_num_seqs"],
+            "max_num_batched_tokens": args["max_num_batched_tokens"],
+            "n_above_max_num_seqs": args["max_num_seqs"] + 1,
+            "long_prompt_words": min(args["max_model_len"] // 2, 3 * args["max_num_batched_tokens"]),
+            "too_long_prompt_words": args["max_model_len"] + 16}
+
+
+def digest_of(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def chat_status(lab, host) -> str:
+    """The HTTP status of a plain chat request sent on the host to its engine."""
+    body = json.dumps({"model": "qwen3_5", "messages": [{"role": "user", "content": "Hi"}],
+                       "max_tokens": 4})
+    command = ("curl -s -o /dev/null -w '%{http_code}' -H 'content-type: application/json' "
+               f"-d '{body}' http://127.0.0.1:8000/v1/chat/completions")
+    return subprocess.run(lab.ssh_command(host, command), capture_output=True, text=True,
+                          timeout=120, check=False).stdout
 
 
 @pytest.fixture(scope="module")
@@ -67,20 +118,6 @@ def first_deploy(lab, tmp_path_factory):
     return run
 
 
-def digest_of(data: bytes) -> str:
-    return hashlib.sha256(data).hexdigest()
-
-
-def chat_status(lab, host) -> str:
-    """The HTTP status of a plain chat request sent on the host to its engine."""
-    body = json.dumps({"model": "qwen3_5", "messages": [{"role": "user", "content": "Hi"}],
-                       "max_tokens": 4})
-    command = ("curl -s -o /dev/null -w '%{http_code}' -H 'content-type: application/json' "
-               f"-d '{body}' http://127.0.0.1:8000/v1/chat/completions")
-    return subprocess.run(lab.ssh_command(host, command), capture_output=True, text=True,
-                          timeout=120, check=False).stdout
-
-
 def test_the_real_engine_serves_the_payload_and_its_registry_overlay(lab, first_deploy):
     standin, real = lab.hosts
     assert (standin.engine, real.engine) == ("standin", "vllm")
@@ -93,6 +130,53 @@ def test_the_real_engine_serves_the_payload_and_its_registry_overlay(lab, first_
     # The vendor-unregistered base cannot serve Qwen3_5ForCausalLM: the overlay made it serve.
     assert digest(package_file(real, REGISTRY)) != real.package_sha256[REGISTRY]
     assert current_release(real)["status"] == "good" and chat_status(lab, real) == "200"
+
+
+def test_the_stand_in_answers_every_protocol_probe_and_bench_request_as_the_real_engine(lab, first_deploy):
+    standin, real = lab.hosts
+    args = recorded(current_release(real), "engine")["args"]
+    assert args == {**recorded(current_release(standin), "engine")["args"], "tensor_parallel_size": 1,
+                    "guided_decoding_backend": "xgrammar", "guided_decoding_disable_any_whitespace": True}
+    probes = select(load_suites([str(REPO / "files" / "probes" / "default.yml")]), [], [], checks=["protocol"])
+    requests = [module_request(with_values(probe, probe_values(args))) for probe in probes]
+    bench = expand(load_workload(REPO / "files" / "bench" / "default.yml"), "qwen3_5", 1)
+    requests += [{"name": f"bench-{index}", "method": "POST", "path": "/v1/chat/completions",
+                  "body": body, "timeout": 300} for index, body in enumerate(bench[:BENCH_REQUESTS])]
+    job = json.dumps({"url": "http://127.0.0.1:8000", "requests": requests})
+
+    with ThreadPoolExecutor(2) as pool:
+        standin_answers, real_answers = pool.map(
+            lambda host: json.loads(host_python(lab, host, CONFORMANCE / "exchange.py", job)), lab.hosts)
+    problems, compared = [], 0
+    for ours, theirs in zip(standin_answers, real_answers):
+        assert ours["name"] == theirs["name"] and len(ours["answers"]) == len(theirs["answers"])
+        for copy, (mine, other) in enumerate(zip(ours["answers"], theirs["answers"])):
+            compared += 1
+            problems += [f"{ours['name']} #{copy}: {found}" for found in conformance.differences(mine, other)]
+    assert not problems, "\n".join(problems)
+    # Every request was answered and compared; the streams among them read to [DONE].
+    assert compared >= len(requests) == PROTOCOL_PROBES + BENCH_REQUESTS
+    streams = [answer for request in real_answers for answer in request["answers"]
+               if conformance.protocol(answer).done]
+    assert len(streams) >= BENCH_REQUESTS + 5
+
+
+def test_the_stand_in_starts_or_refuses_every_command_line_as_the_real_parser(lab, first_deploy):
+    """Every flag of the stand-in's table and each engine's own command line (Sub168 as the
+    engine role renders it), parsed by the real vLLM in its root and by the stand-in."""
+    # python3 -m engine_standin|vllm.entrypoints.openai.api_server ARGS...
+    own = [argv[argv.index("-m") + 2:] for argv, _environ in map(engine_process, lab.hosts)]
+    assert all("--max-num-seqs" in argv and "--enforce-eager" in argv for argv in own)
+    cases = command_line.flag_cases(cli.load_flag_table())
+    cases += [case for argv in own for case in command_line.sub168_cases(argv)]
+    real = lab.hosts[1]
+    verdicts = json.loads(host_python(lab, real, CONFORMANCE / "real_parser.py", json.dumps(cases),
+                                      IN_ENGINE_ROOT))
+    assert len(verdicts) == len(cases)
+    assert not command_line.disagreements(cases, verdicts), "\n".join(command_line.disagreements(cases, verdicts))
+    # Both sides refuse as well as accept: the comparison is not of two parsers that take all.
+    assert {verdict["status"] for verdict in verdicts} >= {0, 1, 2}
+    assert all(verdict["status"] == 0 for verdict in verdicts[-len(own) * 2:])
 
 
 @pytest.fixture
@@ -134,3 +218,25 @@ def test_a_serving_file_that_raises_passes_the_stand_in_and_the_real_engine_roll
     assert json.loads(real.path(f"{STATE}/releases/sub602/release.json").read_text())["status"] == "failed"
     assert f"{real.name}: sub601 rolled back; rolled back from sub602" in on_real.stdout(), on_real.stdout()[-2000:]
     assert chat_status(lab, real) == "200"
+
+
+
+def test_the_vendor_unregistered_base_cannot_start_the_real_engine(lab, first_deploy, tmp_path):
+    """Without the payload's registry.py the real vLLM refuses the checkpoint: the rollback
+    refuses to go to the vendor's files, and forced there, the engine ends naming the model."""
+    real = lab.hosts[1]
+    to_base = {"serving_rollback_to": "base"}
+    refused = run_playbook("rollback.yml", lab.inventory_path, tmp_path / "refused",
+                           extravars=to_base, limit=real.name)
+    assert refused.rc != 0
+    assert "cannot serve Qwen3_5ForCausalLM there (its registry lacks it)" in " ".join(
+        refused.failure_messages(real.name))
+    assert chat_status(lab, real) == "200"
+
+    forced = run_playbook("rollback.yml", lab.inventory_path, tmp_path / "forced",
+                          extravars={**to_base, "serving_rollback_force": True}, limit=real.name)
+    assert forced.rc != 0
+    assert "ended while waiting" in " ".join(forced.failure_messages(real.name))
+    log = real.path("/var/log/biv100-serving/engine.log").read_text()
+    assert "Model architectures ['Qwen3_5ForCausalLM'] are not supported for now" in log
+    assert digest(package_file(real, REGISTRY)) == real.package_sha256[REGISTRY]

@@ -45,15 +45,57 @@ def bad_request(message):
     return ApiError(400, message, "BadRequestError")
 
 
-def invalid_request(message):
-    """A ValueError of a ChatCompletionRequest validator, as FastAPI's handler reports it."""
-    return ApiError(400, f"1 validation error for ChatCompletionRequest\n  Value error, "
-                         f"{message}", "Bad Request")
+def preprocessing_error(message):
+    """A ValueError of the chat route's preprocessing (the context length checks): 0.10.1.1
+    answers f"{e} {e.__cause__}", so the message ends in " None"."""
+    return bad_request(f"{message} None")
 
 
-def validation_error(request_class, message):
-    """A field of a request that pydantic refuses, as FastAPI's handler reports it."""
-    return ApiError(400, f"1 validation error for {request_class}\n  {message}", "Bad Request")
+# pydantic's error type for each message the stand-in's validators give.
+PYDANTIC_TYPES = (
+    ("Field required", "missing"),
+    ("Extra inputs are not permitted", "extra_forbidden"),
+    ("Input should be a valid number, unable to parse string as a number", "float_parsing"),
+    ("Input should be a valid number", "float_type"),
+    ("Input should be a valid integer, unable to parse string as an integer", "int_parsing"),
+    ("Input should be a valid integer, got a number with a fractional part", "int_from_float"),
+    ("Input should be a valid integer", "int_type"),
+    ("Input should be a valid list", "list_type"),
+    ("Input should be a valid string", "string_type"),
+    ("Input should be a valid dictionary", "dict_type"),
+)
+
+
+def validation_error(body, message, field=None):
+    """A request that pydantic refuses, as vLLM 0.10.1.1's handler reports FastAPI's
+    RequestValidationError: str() of its error list. `message` is pydantic's msg for `field`,
+    or for the whole body; the stand-in reports the first error only."""
+    error_type = next((kind for prefix, kind in PYDANTIC_TYPES if message.startswith(prefix)),
+                      "value_error")
+    if field is None:
+        value = body
+    elif error_type == "missing":
+        value = body
+    else:
+        value = body.get(field) if isinstance(body, dict) else None
+    error = {"type": error_type, "loc": ("body",) if field is None else ("body", field),
+             "msg": message, "input": value}
+    return ApiError(400, str([error]), "Bad Request")
+
+
+def invalid_request(body, message):
+    """A ValueError of a request model's validator, as FastAPI's handler reports it."""
+    error = {"type": "value_error", "loc": ("body",), "msg": f"Value error, {message}",
+             "input": body, "ctx": {"error": ValueError(message)}}
+    return ApiError(400, str([error]), "Bad Request")
+
+
+def json_decode_error(error):
+    """A body that is not JSON: FastAPI's json_invalid error at the character it stopped at."""
+    # A body that is not UTF-8 has no position: FastAPI reports it at the start.
+    error = {"type": "json_invalid", "loc": ("body", getattr(error, "pos", 0)),
+             "msg": "JSON decode error", "input": {}, "ctx": {"error": getattr(error, "msg", str(error))}}
+    return ApiError(400, str([error]), "Bad Request")
 
 
 class ServingConfig:
@@ -75,17 +117,21 @@ class ServingConfig:
 # ---- the request, as the protocol's validators leave it ---------------------------------
 
 def validate_request(body, config):
-    if not isinstance(body, dict) or not isinstance(body.get("messages"), list):
-        raise invalid_request("Field required: messages")
+    if not isinstance(body, dict):
+        raise validation_error(body, "Input should be a valid dictionary")
+    if "messages" not in body:
+        raise validation_error(body, "Field required", "messages")
+    if not isinstance(body["messages"], list):
+        raise validation_error(body, "Input should be a valid list", "messages")
     if not all(isinstance(message, dict) and "role" in message
                for message in body["messages"]):
-        raise invalid_request("messages: each message needs a role")
+        raise validation_error(body, "Input should be a message with a role", "messages")
     _check_integer_fields(body)
     _check_number_fields(body)
     if config.broken == "max_completion_tokens" and "max_completion_tokens" in body:
-        raise invalid_request("Extra inputs are not permitted: max_completion_tokens")
+        raise validation_error(body, "Extra inputs are not permitted", "max_completion_tokens")
     if body.get("stream_options") and not body.get("stream"):
-        raise invalid_request("Stream options can only be defined when `stream=True`.")
+        raise invalid_request(body, "Stream options can only be defined when `stream=True`.")
     _check_top_logprobs(body)
     if config.fixes["thinking_off_for_tools"]:
         _disable_thinking_for_tool_calls(body)
@@ -97,7 +143,7 @@ def _check_integer_fields(body):
     for name in INTEGER_FIELDS:
         value = body.get(name)
         if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
-            raise invalid_request(f"{name}: Input should be a valid integer")
+            raise validation_error(body, "Input should be a valid integer", name)
 
 
 # Float fields of the request; top_k is an integer one.
@@ -105,7 +151,7 @@ NUMBER_FIELDS = ("temperature", "top_p", "min_p", "presence_penalty", "frequency
                  "repetition_penalty")
 
 
-def _check_number_fields(body, request_class="ChatCompletionRequest"):
+def _check_number_fields(body):
     """Pydantic's lax parsing: a number, a boolean or a numeric string passes."""
     for name in NUMBER_FIELDS + ("top_k",):
         value = body.get(name)
@@ -114,17 +160,17 @@ def _check_number_fields(body, request_class="ChatCompletionRequest"):
             continue
         if isinstance(value, float):
             if parse is int and not value.is_integer():
-                raise validation_error(request_class, f"{name}: Input should be a valid "
-                                       "integer, got a number with a fractional part")
+                raise validation_error(body, "Input should be a valid integer, got a number "
+                                       "with a fractional part", name)
             continue
         if not isinstance(value, str):
-            raise validation_error(request_class, f"{name}: Input should be a valid {kind}")
+            raise validation_error(body, f"Input should be a valid {kind}", name)
         try:
             parse(value)
         except ValueError:
             article = "an" if parse is int else "a"
-            raise validation_error(request_class, f"{name}: Input should be a valid {kind}, "
-                                   f"unable to parse string as {article} {kind}") from None
+            raise validation_error(body, f"Input should be a valid {kind}, unable to parse "
+                                   f"string as {article} {kind}", name) from None
 
 
 def _sampling_value(body, name):
@@ -160,9 +206,9 @@ def _check_top_logprobs(body):
     if top_logprobs is None:
         return
     if top_logprobs < 0:
-        raise invalid_request("`top_logprobs` must be a positive value.")
+        raise invalid_request(body, "`top_logprobs` must be a positive value.")
     if top_logprobs > 0 and not body.get("logprobs"):
-        raise invalid_request("when using `top_logprobs`, `logprobs` must be set to true.")
+        raise invalid_request(body, "when using `top_logprobs`, `logprobs` must be set to true.")
 
 
 def _disable_thinking_for_tool_calls(body):
@@ -181,9 +227,9 @@ def _check_tool_usage(body):
     if choice is None or choice == "none":
         return
     if body.get("tools") is None:
-        raise invalid_request("When using `tool_choice`, `tools` must be set.")
+        raise invalid_request(body, "When using `tool_choice`, `tools` must be set.")
     if choice not in ("auto", "required") and not isinstance(choice, dict):
-        raise invalid_request(f"Invalid value for `tool_choice`: {choice}! Only named tools, "
+        raise invalid_request(body, f"Invalid value for `tool_choice`: {choice}! Only named tools, "
                               '"none", "auto" or "required" are supported.')
     if choice == "required" and body["tools"] == []:
         body["tool_choice"] = "none"
@@ -191,7 +237,7 @@ def _check_tool_usage(body):
     elif isinstance(choice, dict):
         name = (choice.get("function") or {}).get("name")
         if name not in [tool["function"]["name"] for tool in body["tools"]]:
-            raise invalid_request("The tool specified in `tool_choice` does not match any "
+            raise invalid_request(body, "The tool specified in `tool_choice` does not match any "
                                   "of the specified `tools`")
 
 
@@ -241,12 +287,12 @@ def token_budget(body, prompt_tokens, config):
     """get_max_tokens of 0.10.1.1, after its context-length and SamplingParams checks."""
     requested = body.get("max_completion_tokens") or body.get("max_tokens")
     if prompt_tokens >= config.max_model_len:
-        raise bad_request(
+        raise preprocessing_error(
             f"This model's maximum context length is {config.max_model_len} tokens. However, "
             f"your request has {prompt_tokens} input tokens. Please reduce the length of the "
             "input messages.")
     if requested is not None and prompt_tokens + requested > config.max_model_len:
-        raise bad_request(
+        raise preprocessing_error(
             f"'max_tokens' or 'max_completion_tokens' is too large: {requested}. This model's "
             f"maximum context length is {config.max_model_len} tokens and your request has "
             f"{prompt_tokens} input tokens ({requested} > {config.max_model_len} - "
@@ -490,9 +536,11 @@ def stream_chunks(completion, body):
     for choice in completion.choices:
         yield _chunk(completion, choice.index, {"role": "assistant", "content": ""})
     for choice in completion.choices:
-        for delta in _content_deltas(choice):
+        deltas = list(_content_deltas(choice)) or [{}]
+        for delta in deltas[:-1]:
             yield _chunk(completion, choice.index, delta)
-        yield _chunk(completion, choice.index, {}, choice.finish_reason, choice.stop_reason)
+        # The last token's delta comes with the finish reason, as the engine's last output does.
+        yield _chunk(completion, choice.index, deltas[-1], choice.finish_reason, choice.stop_reason)
     # StreamOptions.include_usage defaults to true once stream_options is given; vLLM dumps the
     # usage chunk without its None fields.
     stream_options = body.get("stream_options")
@@ -515,10 +563,12 @@ def _content_deltas(choice):
 
 
 def _chunk(completion, index, delta, finish_reason=None, stop_reason=None):
+    choice = {"index": index, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
+    if finish_reason is not None:
+        # vLLM dumps chunks without unset fields: stop_reason is set on the finish chunk only.
+        choice["stop_reason"] = stop_reason
     return {"id": completion.id, "object": "chat.completion.chunk",
-            "created": completion.created, "model": completion.model_name,
-            "choices": [{"index": index, "delta": delta, "logprobs": None,
-                         "finish_reason": finish_reason, "stop_reason": stop_reason}]}
+            "created": completion.created, "model": completion.model_name, "choices": [choice]}
 
 
 # ---- /v1/completions, /tokenize and /detokenize -------------------------------------------
@@ -580,19 +630,17 @@ def _check_model(body, config):
 def tokenize(body, config):
     """/tokenize: a prompt, or messages laid out by the chat template (TokenizeRequest)."""
     if not isinstance(body, dict) or ("prompt" not in body and "messages" not in body):
-        raise validation_error("TokenizeRequest", "Field required: prompt or messages")
+        raise validation_error(body, "Field required", "prompt")
     if "messages" in body:
         if not isinstance(body["messages"], list) or not all(
                 isinstance(message, dict) and "role" in message for message in body["messages"]):
-            raise validation_error("TokenizeChatRequest", "messages: Input should be a valid "
-                                   "list of messages with a role")
+            raise validation_error(body, "Input should be a valid list of messages with a role",
+                                   "messages")
         if body.get("continue_final_message") and body.get("add_generation_prompt"):
-            raise validation_error("TokenizeChatRequest", "Value error, Cannot set both "
-                                   "`continue_final_message` and `add_generation_prompt` to "
-                                   "True.")
+            raise invalid_request(body, "Cannot set both `continue_final_message` and "
+                                  "`add_generation_prompt` to True.")
     elif not isinstance(body["prompt"], str):
-        raise validation_error("TokenizeCompletionRequest", "prompt: Input should be a valid "
-                               "string")
+        raise validation_error(body, "Input should be a valid string", "prompt")
     _check_model(body, config)
     ids = chat_token_ids(body) if "messages" in body else token_ids(body["prompt"])
     return {"count": len(ids), "max_model_len": config.max_model_len, "tokens": ids,
@@ -605,8 +653,7 @@ def detokenize(body, config):
     tokens = body.get("tokens") if isinstance(body, dict) else None
     if not isinstance(tokens, list) or not all(
             isinstance(token, int) and not isinstance(token, bool) for token in tokens):
-        raise validation_error("DetokenizeRequest", "tokens: Input should be a valid list of "
-                               "integers")
+        raise validation_error(body, "Input should be a valid list of integers", "tokens")
     _check_model(body, config)
     if any(token < 0 for token in tokens):
         # The tokenizer's OverflowError, which the route turns into a validation error.
@@ -615,19 +662,20 @@ def detokenize(body, config):
     return {"prompt": "".join(token_text(token) for token in tokens)}
 
 
-def _prompts(prompt):
+def _prompts(body):
     """CompletionRequest.prompt: a text, a list of texts, token ids or lists of token ids."""
     def ids(value):
         return isinstance(value, list) and all(
             isinstance(item, int) and not isinstance(item, bool) for item in value)
 
+    prompt = body.get("prompt")
     if isinstance(prompt, str) or ids(prompt):
         return [prompt]
     if isinstance(prompt, list) and prompt and all(isinstance(item, str) or ids(item)
                                                    for item in prompt):
         return prompt
-    raise validation_error("CompletionRequest", "prompt: Input should be a valid string or "
-                           "list of strings or token ids")
+    raise validation_error(body, "Input should be a valid string or list of strings or token "
+                           "ids", "prompt")
 
 
 def complete_text(body, config):
@@ -635,30 +683,26 @@ def complete_text(body, config):
     validators, the served-model check, suffix, the context length, SamplingParams, then one
     choice per prompt and n."""
     if not isinstance(body, dict):
-        raise validation_error("CompletionRequest", "Input should be a valid dictionary")
+        raise validation_error(body, "Input should be a valid dictionary")
     for name in COMPLETION_INTEGER_FIELDS:
         value = body.get(name)
         if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
-            raise validation_error("CompletionRequest", f"{name}: Input should be a valid "
-                                   "integer")
-    _check_number_fields(body, "CompletionRequest")
+            raise validation_error(body, "Input should be a valid integer", name)
+    _check_number_fields(body)
     if body.get("logprobs") is not None and body["logprobs"] < 0:
-        raise validation_error("CompletionRequest", "Value error, `logprobs` must be a "
-                               "positive value.")
+        raise invalid_request(body, "`logprobs` must be a positive value.")
     if body.get("stream_options") and not body.get("stream"):
-        raise validation_error("CompletionRequest", "Value error, Stream options can only be "
-                               "defined when `stream=True`.")
+        raise invalid_request(body, "Stream options can only be defined when `stream=True`.")
     if body.get("prompt") is None and body.get("prompt_embeds") is None:
-        raise validation_error("CompletionRequest", "Value error, At least one of `prompt` or "
-                               "`prompt_embeds` must be set.")
-    prompts = _prompts(body.get("prompt"))
+        raise invalid_request(body, "At least one of `prompt` or `prompt_embeds` must be set.")
+    prompts = _prompts(body)
     _check_model(body, config)
     if body.get("suffix") is not None:
         raise bad_request("suffix is not currently supported")
     requested = body.get("max_tokens", COMPLETION_DEFAULT_MAX_TOKENS)
     n = body.get("n", 1)
     if n is None:
-        raise validation_error("CompletionRequest", "n: Input should be a valid integer")
+        raise validation_error(body, "Input should be a valid integer", "n")
     lengths = [len(prompt) if isinstance(prompt, list) else len(token_ids(prompt))
                for prompt in prompts]
     for tokens in lengths:  # every prompt is checked before any is sampled

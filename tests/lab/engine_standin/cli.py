@@ -40,8 +40,15 @@ def json_value(value):
     return json.loads(value)
 
 
+def dict_or_str(value):
+    """vLLM's union_dict_and_str: JSON when the value looks like an object, else the text."""
+    if not re.match(r"(?s)^\s*{.*}\s*$", value):
+        return str(value)
+    return json.loads(value)
+
+
 CONVERTERS = {"int": int, "float": float, "str": str, "json": json_value,
-              "human_readable_int": human_readable_int}
+              "human_readable_int": human_readable_int, "dict_or_str": dict_or_str}
 
 
 def _converter(spec):
@@ -68,8 +75,29 @@ class BooleanOptionalAction(argparse.Action):
         setattr(namespace, self.dest, not option_string.startswith("--no-"))
 
 
+class LoRAParserAction(argparse.Action):
+    """--lora-modules: `name=path`, or a JSON object, per value (vLLM's LoRAParserAction)."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        modules = []
+        for item in values or []:
+            if item in (None, ""):
+                continue
+            if "=" in item and "," not in item:
+                name, path = item.split("=")
+                modules.append({"name": name, "path": path})
+                continue
+            try:
+                modules.append(json.loads(item))
+            except ValueError:
+                parser.error(f"Invalid JSON format for --lora-modules: {item}")
+        setattr(namespace, self.dest, modules)
+
+
 def _argparse_kwargs(spec):
     action = spec.get("action")
+    if action == "LoRAParserAction":
+        return {"action": LoRAParserAction, "nargs": spec["nargs"], "type": _converter(spec)}
     if action == "bool":
         return {"action": BooleanOptionalAction, "default": None}
     if action == "store_true":
@@ -110,8 +138,24 @@ class ServeArgsError(Exception):
     """A check vLLM makes after parsing; it exits with a traceback, status 1."""
 
 
+JINJA_CHARS = "{}\n"
+
+
 def validate_serve_args(args, table):
-    """validate_parsed_serve_args and validate_api_server_args of 0.10.1.1."""
+    """What 0.10.1.1 checks once the arguments are parsed: the config file (which the stand-in
+    refuses: its engine role never gives one), validate_parsed_serve_args and
+    validate_api_server_args."""
+    if args.config:
+        extension = args.config.split(".")[-1]
+        if extension not in ("yaml", "yml"):
+            raise ServeArgsError(
+                f"ValueError: ('Config file must be of a yaml/yml type.                     "
+                f"         %s supplied', '{extension}')")
+        raise ServeArgsError("the lab's stand-in does not read --config files")
+    template = args.chat_template
+    if template and not any(char in template for char in JINJA_CHARS) and not Path(template).exists():
+        raise ServeArgsError(f"ValueError: The supplied chat template string ({template}) "
+                             "appears path-like, but doesn't exist!")
     if args.enable_auto_tool_choice and not args.tool_call_parser:
         raise ServeArgsError(
             "TypeError: Error: --enable-auto-tool-choice requires --tool-call-parser")

@@ -199,7 +199,7 @@ class Handler(BaseHTTPRequestHandler):
 
     def _empty_ok(self):
         self._read_body()
-        self._send(200, b"", "application/json")
+        self._send(200, b"", None)  # FastAPI's bare Response has no Content-Type
 
     def _metrics(self):
         self._send(200, metrics_text(self.state).encode(), "text/plain; version=0.0.4")
@@ -209,7 +209,7 @@ class Handler(BaseHTTPRequestHandler):
         try:
             body = json.loads(self._read_body() or b"null")
         except ValueError as error:
-            self._json(400, chat.invalid_request(f"JSON decode error: {error}").body())
+            self._json(400, chat.json_decode_error(error).body())
             return
         self._answer_chat(body, arrived)
         self._count_chat_request()
@@ -220,7 +220,7 @@ class Handler(BaseHTTPRequestHandler):
         try:
             return True, json.loads(self._read_body() or b"null")
         except ValueError as error:
-            self._json(400, chat.invalid_request(f"JSON decode error: {error}").body())
+            self._json(400, chat.json_decode_error(error).body())
             return False, None
 
     def _answer_json(self, handle):
@@ -327,7 +327,8 @@ class Handler(BaseHTTPRequestHandler):
 
     def _send(self, status, data, content_type):
         self.send_response(status)
-        self.send_header("Content-Type", content_type)
+        if content_type:
+            self.send_header("Content-Type", content_type)
         self.send_header("Content-Length", str(len(data)))
         self.end_headers()
         self.wfile.write(data)

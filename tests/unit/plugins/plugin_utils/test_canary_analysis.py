@@ -17,6 +17,7 @@ from ansible_collections.biv100.serving.plugins.plugin_utils._canary_analysis im
     canary_record,
     first_batch_size,
     historical_samples,
+    engine_program,
     side_samples,
     verdict_line,
 )
@@ -25,9 +26,14 @@ MARGINS = {"margin": 0.02, "request_margin": 0.10, "quality_margin": 0.04, "pass
            "marginal_score": 50, "confidence": 0.98}
 
 
-def host(release="sub510", status="good", gpus=4, instances=("vllm",), takes_part=True, gates=None, serving=None):
+STANDIN = "/usr/local/corex/python3/bin/python3 -m engine_standin"
+
+
+def host(release="sub510", status="good", gpus=4, instances=("vllm",), takes_part=True, gates=None, serving=None,
+         engines=(STANDIN,)):
     return {"takes_part": takes_part, "release": {"id": release, "status": status}, "gpus": gpus,
-            "instances": list(instances), "gates": gates, "serving": list(instances if serving is None else serving)}
+            "instances": list(instances), "gates": gates, "serving": list(instances if serving is None else serving),
+            "engines": list(engines)}
 
 
 def fleet(**overrides):
@@ -44,6 +50,17 @@ def test_the_baseline_is_the_next_host_on_the_canarys_release_with_its_gpus_and_
     assert stopped["error"].endswith("cannot be h1's baseline: its engine vllm does not run")
     assert plan["settings"] == SETTINGS and "error" not in plan
     assert plan["why"] == "against h4 (same window, sub510)"
+
+
+def test_a_host_of_another_engine_is_never_the_baseline():
+    real = "/usr/local/corex/lab/bin/in-engine-root /usr/local/corex/python3/bin/python3 -m vllm.entrypoints.openai.api_server"
+    hosts = fleet(h2=host(engines=(real,)))
+    assert canary_plan(["h1", "h2", "h3"], hosts)["baseline"] == "h3"
+    assert canary_plan(["h1", "h2", "h3"], hosts, baseline="h2")["error"] == (
+        f"serving_canary_baseline=h2 cannot be h1's baseline: its engine is {real}, the canary's {STANDIN}")
+    command = ["/usr/bin/python3", "-m", "vllm.entrypoints.openai.api_server", "--max-num-seqs", "2"]
+    assert engine_program(command) == "/usr/bin/python3 -m vllm.entrypoints.openai.api_server"
+    assert engine_program(command[:3]) == "/usr/bin/python3 -m vllm.entrypoints.openai.api_server"
 
 
 def test_a_named_baseline_must_qualify_and_is_refused_naming_why():
