@@ -170,7 +170,9 @@ lock-2.21:
 
 ## The collection against a naive per-file copy loop and the floors of Ansible and ssh, on 4, 8
 ## and 16 lab hosts; then what guarding the whole model layer costs a no-change deploy against
-## the revision that guarded twelve files.
+## the revision that guarded twelve files; then engine_bench against vLLM's own benchmark client
+## on the lab's real engine.
 bench: setup
 	$(BIN)/python benchmarks/stage_vs_naive.py --hosts 4 8 16
 	$(BIN)/python benchmarks/guard_cost.py --hosts 4
+	$(BIN)/python benchmarks/bench_vs_vllm.py

@@ -124,13 +124,13 @@ def _entries(site_packages, relative):
     try:
         data = Tree(site_packages).read(relative)
     except (UnsafePath, OSError) as error:
-        raise RecordProblem("%s: %s" % (os.path.join(site_packages, relative), error))
+        raise RecordProblem("%s: %s" % (os.path.join(site_packages, relative), error)) from error
     if data is None:
         return None
     try:
         return list(csv.reader(data.decode("utf-8").splitlines()))
     except (UnicodeDecodeError, csv.Error) as error:
-        raise RecordProblem("%s is not a RECORD: %s" % (os.path.join(site_packages, relative), error))
+        raise RecordProblem("%s is not a RECORD: %s" % (os.path.join(site_packages, relative), error)) from error
 
 
 def _listed_under(entries, package):

@@ -126,6 +126,11 @@ def test_the_real_engine_serves_the_payload_and_its_registry_overlay(lab, first_
     # The engine is vLLM's own server, from the host's vllm package, in the runtime's root.
     argv, environ = engine_process(real)
     assert argv[argv.index("-m") + 1] == "vllm.entrypoints.openai.api_server"
+    # Its figures are the lab's, marked simulated as the stand-in's are.
+    assert argv[argv.index("--middleware") + 1] == "biv100_lab_marker.mark_simulated"
+    headers = subprocess.run(lab.ssh_command(real, "curl -s -o /dev/null -D - http://127.0.0.1:8000/health"),
+                             capture_output=True, text=True, timeout=60, check=False).stdout
+    assert "x-biv100-simulated: real vLLM 0.10.1.1 on the lab's CPU" in headers, headers
     assert environ["TORCHDYNAMO_DISABLE"] == "1" and "PYTHONPATH" not in environ
     # The vendor-unregistered base cannot serve Qwen3_5ForCausalLM: the overlay made it serve.
     assert digest(package_file(real, REGISTRY)) != real.package_sha256[REGISTRY]

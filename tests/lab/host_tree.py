@@ -35,6 +35,7 @@ from pathlib import Path
 
 import ixsmi
 import real_engine
+from real_engine import simulated_marker
 from engine_standin.memory_model import LAB_QWEN3_5_CONFIG
 
 # Paths every lab host has to itself; anything else is the machine's, shared by all hosts.
@@ -218,6 +219,7 @@ def _make_runtime_venv(tree: Path, runtime: real_engine.Runtime) -> str:
     site_packages = venv / "lib" / version / "site-packages"
     site_packages.mkdir(parents=True)
     (site_packages / "biv100-lab-engine-runtime.pth").write_text(f"{runtime.packages}\n")
+    shutil.copyfile(simulated_marker.__file__, site_packages / f"{real_engine.MARKER_MODULE}.py")
     return f"{VENV}/lib/{version}/site-packages"
 
 

@@ -68,6 +68,8 @@ PYTHON_SKIPPED = ("site-packages", "test", "idlelib", "tkinter", "turtledemo", "
 # ("cannot enable executable stack as shared object requires: Invalid argument").
 EXECSTACK_LIBRARIES = ("intel_extension_for_pytorch/lib/libintel-ext-pt-cpu.so",)
 PLATFORM_PLUGIN = "biv100_lab_cpu_platform"
+# The module each real-engine host's venv holds (simulated_marker.py): the engine's --middleware.
+MARKER_MODULE = "biv100_lab_marker"
 # What a runtime is built from; with RUNTIME_FORMAT (raise it when the build's steps change what
 # they make), its key.
 RUNTIME_INPUTS = ("requirements.txt", "make_model.py", "chat_template.jinja", "cpu_platform.py",

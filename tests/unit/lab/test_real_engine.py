@@ -4,6 +4,7 @@ lab run it, and the real-engine group's settings against Sub168."""
 
 from __future__ import annotations
 
+import asyncio
 import struct
 from pathlib import Path
 
@@ -13,6 +14,9 @@ import yaml
 import lab
 import real_engine
 from engine_defaults import SUB168
+from real_engine import simulated_marker
+
+from ansible_collections.biv100.serving.plugins.modules.engine_bench import SIMULATED_HEADER
 
 REPO = Path(__file__).resolve().parents[3]
 PT_GNU_STACK, PT_LOAD = 0x6474E551, 1
@@ -106,7 +110,8 @@ def test_the_real_engine_group_runs_sub168_with_one_rank_gated_on_the_protocol_p
     settings = yaml.safe_load((REPO / "inventory" / "lab" / "group_vars" / "lab_real_engine.yml").read_text())
     assert "engine_args" not in settings and settings["engine_args_overrides"] == {
         "tensor_parallel_size": 1, "guided_decoding_backend": "xgrammar",
-        "guided_decoding_disable_any_whitespace": True}
+        "guided_decoding_disable_any_whitespace": True,
+        "middleware": f"{real_engine.MARKER_MODULE}.{simulated_marker.mark_simulated.__name__}"}
     assert SUB168["tensor_parallel_size"] == 4
     assert settings["engine_command"][0] == "/usr/local/corex/lab/bin/in-engine-root"
     assert settings["engine_command"][1:] == ["/usr/local/corex/python3/bin/python3", "-m",
@@ -121,3 +126,15 @@ def test_a_build_removes_the_runtimes_no_lab_runs(tmp_path):
         (folder / "root").mkdir(parents=True)
     real_engine._remove_others(real_engine.Runtime(current), in_use={running})
     assert sorted(path.name for path in tmp_path.iterdir()) == ["vllm-cpu-bbb", "vllm-cpu-ccc"]
+
+
+def test_the_marker_puts_the_stand_in_s_header_on_every_answer():
+    class Answer:
+        headers = {}
+
+    async def call_next(_request):
+        return Answer()
+
+    answer = asyncio.run(simulated_marker.mark_simulated(None, call_next))
+    # The header the collection reads to mark figures simulated (engine_bench, engine_quality).
+    assert list(answer.headers) == [SIMULATED_HEADER] == [simulated_marker.SIMULATED_HEADER[0]]
