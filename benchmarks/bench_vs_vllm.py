@@ -16,8 +16,8 @@ client runs in the engine's root with its custom dataset, the chat template left
 (its /metrics histograms of TTFT and time per output token, before and after) is printed
 beside the clients', with the CPU seconds the engine's API server and engine core used and
 the rest of the machine's (the client and its start, Ansible, the lab), read from /proc: the
-lab's hosts share the machine's two cores, so what a client costs is taken from the engine. Prints each round's figures and the ratio of the medians, engine_bench /
-vllm bench serve.
+lab's hosts share the machine's two cores, so what a client costs is taken from the engine.
+Prints each round's figures and the ratio of the medians, engine_bench / vllm bench serve.
 """
 
 from __future__ import annotations

@@ -141,7 +141,8 @@ def test_the_stand_in_answers_every_protocol_probe_and_bench_request_as_the_real
     standin, real = lab.hosts
     args = recorded(current_release(real), "engine")["args"]
     assert args == {**recorded(current_release(standin), "engine")["args"], "tensor_parallel_size": 1,
-                    "guided_decoding_backend": "xgrammar", "guided_decoding_disable_any_whitespace": True}
+                    "guided_decoding_backend": "xgrammar", "guided_decoding_disable_any_whitespace": True,
+                    "middleware": "biv100_lab_marker.mark_simulated"}
     probes = select(load_suites([str(REPO / "files" / "probes" / "default.yml")]), [], [], checks=["protocol"])
     requests = [module_request(with_values(probe, probe_values(args))) for probe in probes]
     bench = expand(load_workload(REPO / "files" / "bench" / "default.yml"), "qwen3_5", 1)
@@ -223,7 +224,6 @@ def test_a_serving_file_that_raises_passes_the_stand_in_and_the_real_engine_roll
     assert json.loads(real.path(f"{STATE}/releases/sub602/release.json").read_text())["status"] == "failed"
     assert f"{real.name}: sub601 rolled back; rolled back from sub602" in on_real.stdout(), on_real.stdout()[-2000:]
     assert chat_status(lab, real) == "200"
-
 
 
 def test_the_vendor_unregistered_base_cannot_start_the_real_engine(lab, first_deploy, tmp_path):

@@ -15,8 +15,8 @@ import json
 import re
 from dataclasses import dataclass, field
 
-# The differences a random model must make, by name: each says why, and what is compared in
-# its place. The conformance test's failures name them; tests/lab/README.md lists them.
+# The differences a random model must make, by name: each says why, and what `differences`
+# compares in its place. tests/lab/README.md lists them.
 ALLOWED = {
     "token counts": (
         "the lab's checkpoint reads bytes, one token each; the stand-in counts tokens as Qwen's "

@@ -72,10 +72,8 @@ def validation_error(body, message, field=None):
     or for the whole body; the stand-in reports the first error only."""
     error_type = next((kind for prefix, kind in PYDANTIC_TYPES if message.startswith(prefix)),
                       "value_error")
-    if field is None:
-        value = body
-    elif error_type == "missing":
-        value = body
+    if field is None or error_type == "missing":
+        value = body  # what pydantic had when it found the field missing, or the model invalid
     else:
         value = body.get(field) if isinstance(body, dict) else None
     error = {"type": error_type, "loc": ("body",) if field is None else ("body", field),

@@ -65,8 +65,8 @@ def test_a_finish_chunk_apart_from_the_last_delta_and_a_missing_done_are_defects
 def test_usage_that_does_not_add_up_is_a_defect_though_counts_may_differ():
     broken = usage(9, 2)
     broken["usage"]["total_tokens"] = 12
-    standin = sse(chunk({"role": "assistant", "content": ""}), chunk({"content": "a"}, "length",
-                                                                    stop_reason=None), broken)
+    standin = sse(chunk({"role": "assistant", "content": ""}),
+                  chunk({"content": "a"}, "length", stop_reason=None), broken)
     assert differences(standin, REAL_STREAM) == [
         "usage: stand-in (('completion_tokens', 'prompt_tokens', 'total_tokens'), False), real "
         "(('completion_tokens', 'prompt_tokens', 'total_tokens'), True)"]

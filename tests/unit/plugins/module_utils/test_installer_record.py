@@ -47,8 +47,7 @@ def test_other_projects_and_rows_outside_the_package_are_not_the_package_s(tmp_p
 
 
 def test_a_digest_other_than_sha256_is_left_unchecked(tmp_path):
-    root = site_packages(tmp_path, {"vllm-1.dist-info": ["vllm/x.py,sha384=abc,1",
-                                                          "vllm/y.py,sha256=%s,1" % ENCODED]})
+    root = site_packages(tmp_path, {"vllm-1.dist-info": ["vllm/x.py,sha384=abc,1", "vllm/y.py,sha256=%s,1" % ENCODED]})
     record = installer_record(str(root / "vllm"))
     assert record.unchecked == {"x.py"} and record.digests == {"y.py": DIGEST}
     assert record.differences({"x.py": "anything", "y.py": DIGEST}, lambda path: True) == []

@@ -812,8 +812,7 @@ def test_the_record_holds_the_model_layer_only(guard, package, installed):
     assert not failed, result["msg"]
 
 
-def test_rebaseline_on_first_contact_accepts_the_record_differences_loudly(guard, package, installed,
-                                                                          state_dir):
+def test_rebaseline_on_first_contact_accepts_the_record_differences_loudly(guard, package, installed, state_dir):
     write(package, MODEL_RUNNER, "# the vendor's hotfix\n")
     failed, result = guard(rebaseline=True)
     assert not failed and result["guard"]["rebaselined"] is True
