@@ -22,7 +22,8 @@ import time
 from pathlib import Path
 
 import pytest
-from lab_guard import built_lab, module_lab_id, refuse_unless_the_lab_can_be_built, second_lab_id
+from lab_guard import (built_lab, claimed_lab_dir, module_lab_id, refuse_unless_the_lab_can_be_built,
+                       second_lab_id)
 
 import host_tree
 import ixsmi
@@ -363,7 +364,7 @@ def reaches(lab: testlab.Lab, host: testlab.LabHost, ip: str) -> subprocess.Comp
 
 def test_a_lab_of_another_id_runs_beside_this_one_neither_reaching_the_other(lab, tmp_path):
     refuse_unless_the_lab_can_be_built(second_lab_id())
-    beside = testlab.up(n_hosts=1, lab_dir=tmp_path / "beside", lab_id=second_lab_id())
+    beside = testlab.up(n_hosts=1, lab_dir=claimed_lab_dir(tmp_path / "beside"), lab_id=second_lab_id())
     try:
         (other,) = beside.hosts
         assert (other.name, other.ip) == (f"lab{second_lab_id()}-h1", f"10.77.{second_lab_id()}.11")
@@ -372,6 +373,19 @@ def test_a_lab_of_another_id_runs_beside_this_one_neither_reaching_the_other(lab
             unreached = reaches(source, source.hosts[0], target.ip)
             assert unreached.returncode != 0 and "Network is unreachable" in unreached.stderr, unreached.stderr
         assert reaches(lab, lab.hosts[0], lab.hosts[1].ip).returncode == 0
+        # The guard refuses the lab id while a running process claims its lab, or none does (a
+        # person's), and takes the lab down once the test run that claimed it has ended.
+        refused = f"lab {second_lab_id()} is up in {re.escape(str(beside.dir))}"
+        with pytest.raises(pytest.fail.Exception, match=refused):
+            refuse_unless_the_lab_can_be_built(second_lab_id())
+        beside.dir.with_name("beside.test-run.json").unlink()
+        with pytest.raises(pytest.fail.Exception, match=refused):
+            refuse_unless_the_lab_can_be_built(second_lab_id())
+        subprocess.run([sys.executable, "-c", "import sys, pathlib, lab_guard; "
+                        "lab_guard.claimed_lab_dir(pathlib.Path(sys.argv[1]))", str(beside.dir)],
+                       env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}, check=True)
+        refuse_unless_the_lab_can_be_built(second_lab_id())
+        assert footprint(beside.id, beside.dir) == NOTHING
     finally:
         testlab.down(tmp_path / "beside")
     assert footprint(beside.id, beside.dir) == NOTHING
@@ -420,7 +434,7 @@ def test_down_leaves_nothing(lab, machine_before):
 def test_down_cleans_up_an_interrupted_up(machine_before, tmp_path):
     lab_id = testlab.LabId(second_lab_id())
     refuse_unless_the_lab_can_be_built(lab_id.number)
-    lab_dir = tmp_path / "interrupted"
+    lab_dir = claimed_lab_dir(tmp_path / "interrupted")
     up = subprocess.Popen(
         [sys.executable, testlab.__file__, "up", "--hosts", "3"],
         env={**os.environ, testlab.LAB_DIR_ENV: str(lab_dir), testlab.LAB_ID_ENV: str(lab_id.number)},
