@@ -518,8 +518,11 @@ def stream_schedule(chunks, prompt_tokens, choice_tokens, rates):
     `chunks` are a streamed answer's chunk objects in the order the answer writes them,
     `choice_tokens` every choice's completion tokens.
     """
+    # The finish chunk carries the choice's last delta (chat.stream_chunks): it is the last of
+    # the chunks the choice's tokens are spread over, due with the last token.
     deltas = collections.Counter(_choice_index(chunk) for chunk in chunks
-                                 if _kind(chunk) == "delta")
+                                 if _kind(chunk) == "delta"
+                                 or (_kind(chunk) == "finish" and chunk["choices"][0].get("delta")))
     seen = collections.Counter()
     last_due = max(rates.token_due(prompt_tokens, tokens) for tokens in choice_tokens or [1])
     planned = []

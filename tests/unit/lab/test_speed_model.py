@@ -253,6 +253,16 @@ def test_stream_schedule_spreads_a_choices_chunks_over_its_tokens():
     assert schedule[-1][2] is usage
 
 
+def test_stream_schedule_counts_the_finish_chunks_delta_as_the_last_one():
+    rates = speed_model.Rates(prefill_tps=1000, decode_tps=100, step_seconds=0)
+    chunks = [role(), *[chunk(0, {"content": f" w{k}"}) for k in range(3)],
+              chunk(0, {"content": " w3"}, "length")]
+    schedule = speed_model.stream_schedule(chunks, 100, [8], rates)
+    # As the answer whose finish chunk comes apart from its last delta: tokens 2, 4, 6 and 8.
+    assert [due for due, _out, _chunk in schedule] == pytest.approx([0.1, 0.11, 0.13, 0.15, 0.17])
+    assert [out for _due, out, _chunk in schedule] == [0, 2, 4, 6, 8]
+
+
 def test_stream_schedule_interleaves_the_choices():
     rates = speed_model.Rates(prefill_tps=1000, decode_tps=100, step_seconds=0)
     chunks = [role(0), role(1), chunk(0, {"content": "a"}), chunk(0, {"content": "b"}),
