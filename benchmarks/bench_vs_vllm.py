@@ -29,18 +29,13 @@ import random
 import statistics
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(REPO / "benchmarks"), str(REPO / "tests" / "lab")]
+from bench_lab import timed_playbook, work_dir
 
-import lab as lab_builder  # noqa: E402
-from stage_vs_naive import timed_playbook  # noqa: E402  (puts the collection on the path)
+import lab as lab_builder
 
-from ansible_collections.biv100.serving.plugins.plugin_utils._bench_workload import (  # noqa: E402
-    synthetic_text,
-)
+from ansible_collections.biv100.serving.plugins.plugin_utils._bench_workload import synthetic_text
 
 SERVED = "qwen3_5"
 MODEL = "/opt/models/qwen3_5"
@@ -178,18 +173,15 @@ def main() -> int:
     parser.add_argument("--concurrency", type=int, default=2)
     parser.add_argument("--rounds", type=int, default=3)
     args = parser.parse_args()
-    running = lab_builder.running_lab_dir()
-    if running:
-        sys.exit(f"a lab is up in {running}: take it down first (make lab-down)")
-    with tempfile.TemporaryDirectory(prefix="biv100-bench-vs-vllm-") as work:
-        built = lab_builder.up(n_hosts=1, lab_dir=Path(work) / "lab", rebuild=True, real_engines=["h1"])
+    with work_dir("biv100-bench-vs-vllm-") as work:
+        built = lab_builder.up(n_hosts=1, lab_dir=work / "lab", rebuild=True, real_engines=["h1"])
         try:
             (host,) = built.hosts
             timed_playbook("deploy.yml", built.inventory_path, {"serving_release": "bench"}, [])
             rounds = []
             for number in range(args.rounds):
                 ours = measured(built, host, lambda: engine_bench(
-                    built.inventory_path, prompts_for(args, f"r{number}-ours"), args, Path(work) / "results",
+                    built.inventory_path, prompts_for(args, f"r{number}-ours"), args, work / "results",
                     f"round{number}"))
                 theirs = measured(built, host, lambda: vllm_bench(
                     built, host, prompts_for(args, f"r{number}-vllm"), args, number))

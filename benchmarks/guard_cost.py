@@ -19,18 +19,13 @@ import argparse
 import statistics
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(REPO / "benchmarks"), str(REPO / "tests" / "lab")]
+from bench_lab import REPO, timed_playbook, work_dir
 
-import lab as lab_builder  # noqa: E402
-from stage_vs_naive import timed_playbook  # noqa: E402  (puts the collection on the path)
+import lab as lab_builder
 
-from ansible_collections.biv100.serving.plugins.module_utils._state_store import (  # noqa: E402
-    DEFAULT_STATE_DIR as STATE_DIR,
-)
+from ansible_collections.biv100.serving.plugins.module_utils._state_store import DEFAULT_STATE_DIR as STATE_DIR
 
 
 def deploy(checkout: Path, inventory: Path, state_dir: str) -> float:
@@ -48,14 +43,11 @@ def main() -> int:
     parser.add_argument("--hosts", type=int, default=4)
     parser.add_argument("--rounds", type=int, default=3)
     args = parser.parse_args()
-    running = lab_builder.running_lab_dir()
-    if running:
-        sys.exit(f"a lab is up in {running}: take it down first (make lab-down)")
-    with tempfile.TemporaryDirectory(prefix="biv100-guard-bench-") as work:
-        earlier = Path(work) / "earlier"
+    with work_dir("biv100-guard-bench-") as work:
+        earlier = work / "earlier"
         subprocess.run(["git", "-C", str(REPO), "worktree", "add", "--detach", "-q", str(earlier), args.baseline],
                        check=True)
-        built = lab_builder.up(n_hosts=args.hosts, lab_dir=Path(work) / "lab", rebuild=True)
+        built = lab_builder.up(n_hosts=args.hosts, lab_dir=work / "lab", rebuild=True)
         try:
             checkouts = {"this": (REPO, f"{STATE_DIR}/bench-this"),
                          args.baseline: (earlier, f"{STATE_DIR}/bench-earlier")}
@@ -69,7 +61,7 @@ def main() -> int:
                 for name, (checkout, state_dir) in checkouts.items():
                     times[name].append(deploy(checkout, built.inventory_path, state_dir))
         finally:
-            lab_builder.down(Path(work) / "lab")
+            lab_builder.down(work / "lab")
             subprocess.run(["git", "-C", str(REPO), "worktree", "remove", "--force", str(earlier)], check=True)
     this, before = statistics.median(times["this"]), statistics.median(times[args.baseline])
     print(f"no-change deploy (--skip-tags engine), {args.hosts} hosts, median of {args.rounds}:")

@@ -16,23 +16,19 @@ folder of its own and taken down after; it refuses to start while another lab is
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import shutil
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(REPO / "collections"), str(REPO / "tests" / "lab")]
+from bench_lab import REPO, timed_playbook, work_dir
 
-import lab as lab_builder  # noqa: E402
-import vllm_sources  # noqa: E402
-import yaml  # noqa: E402
+import lab as lab_builder
+import vllm_sources
+import yaml
 
-from ansible_collections.biv100.serving.plugins.plugin_utils._unified_diff import apply_patch  # noqa: E402
+from ansible_collections.biv100.serving.plugins.plugin_utils._unified_diff import apply_patch
 
 BRIEF_PATHS = {
     "serving_chat.py": "entrypoints/openai/serving_chat.py",
@@ -73,19 +69,6 @@ def render(rendered: Path, dest: str, text: str) -> dict:
     return {"src": str(path), "dest": dest}
 
 
-def timed_playbook(playbook: str, inventory: Path, extravars: dict, options: list[str],
-                   checkout: Path = REPO) -> float:
-    """Seconds one playbook run of `checkout` (its ansible.cfg, so its own collection) takes."""
-    env = dict(os.environ, ANSIBLE_CONFIG=str(checkout / "ansible.cfg"),
-               PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}")
-    command = ["ansible-playbook", playbook, "-i", str(inventory), "-e", json.dumps(extravars), *options]
-    started = time.perf_counter()
-    finished = subprocess.run(command, cwd=checkout, env=env, capture_output=True, text=True, check=False)
-    if finished.returncode:
-        sys.exit(f"{playbook} failed:\n{finished.stdout[-3000:]}")
-    return time.perf_counter() - started
-
-
 def measure(n_hosts: int, lab_dir: Path, plays: dict[str, tuple[str, dict, list[str]]]) -> dict[str, tuple[float, ...]]:
     """First and no-change run of each play, each first run on freshly built hosts; then, on
     the last play's hosts, Ansible's floor and ssh's."""
@@ -117,12 +100,9 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--hosts", type=int, nargs="+", default=[4, 8])
     args = parser.parse_args()
-    running = lab_builder.running_lab_dir()
-    if running:
-        sys.exit(f"a lab is up in {running}: take it down first (make lab-down)")
     base = vllm_sources.ensure_tree(vllm_sources.LAB_BASE_VERSION) / "vllm"
-    with tempfile.TemporaryDirectory(prefix="biv100-bench-") as work:
-        payload, naive_files = build_payload(Path(work), base)
+    with work_dir("biv100-bench-") as work:
+        payload, naive_files = build_payload(work, base)
         plays = {
             "collection": ("deploy.yml", {"serving_release": "bench", "stage_payload_dir": str(payload)},
                            ["--skip-tags", "engine"]),
@@ -133,7 +113,7 @@ def main() -> int:
         print(f"{'hosts':>5}  {'run':<9}  {'collection':>10}  {'naive':>8}  {'collection/naive':>16}"
               f"  {'ansible ping':>12}  {'ssh true':>8}  {'collection/ping':>15}")
         for n_hosts in args.hosts:
-            times = measure(n_hosts, Path(work) / "lab", plays)
+            times = measure(n_hosts, work / "lab", plays)
             (ping,), (ssh,) = times["ping"], times["ssh"]
             for index, run in enumerate(("first", "no-change")):
                 ours, naive = times["collection"][index], times["naive"][index]

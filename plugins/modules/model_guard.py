@@ -356,6 +356,12 @@ def skipped_folder(path):
     return any(part in SKIPPED_FOLDERS for part in path.split("/")[:-1])
 
 
+def in_scope(path, ignore):
+    """Whether a guard run with the `ignore` patterns takes the package path `path` in: a file of
+    the model layer, outside byte code caches and the patterns."""
+    return not in_serving_trees(path) and not skipped_folder(path) and not matches(ignore, path)
+
+
 class Scope(object):
     """What this run guards: the model layer of the package at `root`, and the named paths.
 
@@ -409,9 +415,7 @@ class Scope(object):
 
     def covers(self, path):
         """Whether this run guards `path` (one the walk may not have reached)."""
-        return path in self.wanted or (
-            not in_serving_trees(path) and not skipped_folder(path) and self.leaves_out(path) is None
-        )
+        return path in self.wanted or (in_scope(path, self.ignore) and self.leaves_out(path) is None)
 
     def current(self, found, recorded=()):
         """The walk's files plus the wanted and recorded paths it does not reach."""
@@ -433,11 +437,7 @@ class Scope(object):
 def covered(baseline, path):
     """Whether the baseline's scope took `path` in when recorded: then a file there that it
     lacks was added since."""
-    return (
-        not in_serving_trees(path)
-        and not skipped_folder(path)
-        and not matches(baseline.get("ignore", ()), path)
-    )
+    return in_scope(path, baseline.get("ignore", ()))
 
 
 def entered_scope(baseline, path):

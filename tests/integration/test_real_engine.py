@@ -27,6 +27,7 @@ from lab_files import (CHAT, REGISTRY, REPO, STATE, copy_payload, current_releas
                        engine_process, package_file, recorded)
 from lab_guard import built_lab
 from playbook_runs import ONE_BATCH, run_playbook
+from probe_values import probe_values
 
 from ansible_collections.biv100.serving.plugins.plugin_utils._bench_workload import expand, load_workload
 from ansible_collections.biv100.serving.plugins.plugin_utils._probe_suite import (
@@ -58,16 +59,6 @@ def host_python(lab, host, script: Path, stdin: str, *launcher: str) -> str:
                          text=True, timeout=600, check=False)
     assert run.returncode == 0, run.stderr[-3000:]
     return run.stdout.splitlines()[-1]  # the real vllm logs to stdout before the answer
-
-
-def probe_values(args: dict) -> dict:
-    """The values roles/probe/vars/main.yml gives the suites, for an engine's arguments."""
-    return {"served_model_name": "qwen3_5", "max_model_len": args["max_model_len"],
-            "max_num_seqs": args["max_num_seqs"],
-            "max_num_batched_tokens": args["max_num_batched_tokens"],
-            "n_above_max_num_seqs": args["max_num_seqs"] + 1,
-            "long_prompt_words": min(args["max_model_len"] // 2, 3 * args["max_num_batched_tokens"]),
-            "too_long_prompt_words": args["max_model_len"] + 16}
 
 
 def digest_of(data: bytes) -> str:
@@ -144,7 +135,7 @@ def test_the_stand_in_answers_every_protocol_probe_and_bench_request_as_the_real
                     "guided_decoding_backend": "xgrammar", "guided_decoding_disable_any_whitespace": True,
                     "middleware": "biv100_lab_marker.mark_simulated"}
     probes = select(load_suites([str(REPO / "files" / "probes" / "default.yml")]), [], [], checks=["protocol"])
-    requests = [module_request(with_values(probe, probe_values(args))) for probe in probes]
+    requests = [module_request(with_values(probe, probe_values(args, "qwen3_5"))) for probe in probes]
     bench = expand(load_workload(REPO / "files" / "bench" / "default.yml"), "qwen3_5", 1)
     requests += [{"name": f"bench-{index}", "method": "POST", "path": "/v1/chat/completions",
                   "body": body, "timeout": 300} for index, body in enumerate(bench[:BENCH_REQUESTS])]

@@ -58,6 +58,7 @@ class Protocol:
     chunk_keys: dict = field(default_factory=dict)  # kind -> key paths of its choices
     event_keys: frozenset = frozenset()
     usage: tuple | None = None  # (keys, total adds up)
+    usage_chunks: int = 0  # a stream's chunks that carry usage and no choice
     done: bool | None = None
 
 
@@ -132,7 +133,7 @@ def protocol(answer: dict) -> Protocol:
             event_keys |= {key for key in event if key != "choices"}
             if event.get("usage") and not event.get("choices"):
                 shape.usage = usage_of(event["usage"])
-                chunks.setdefault("usage", []).append("usage")
+                shape.usage_chunks += 1
             if "error" in event:
                 shape.error = error_of(event)
             for choice in event.get("choices") or []:
@@ -187,6 +188,7 @@ def differences(standin: dict, real: dict) -> list[str]:
     compare_keys("keys", {path for path in ours.keys if not CHOSEN_PATHS.match(path)},
                  {path for path in theirs.keys if not CHOSEN_PATHS.match(path)})
     compare("usage", ours.usage, theirs.usage)
+    compare("usage chunks", ours.usage_chunks, theirs.usage_chunks)
     compare("[DONE]", ours.done, theirs.done)
     compare_keys("event keys", ours.event_keys, theirs.event_keys)
     compare("chunk sequences",

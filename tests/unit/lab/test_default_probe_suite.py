@@ -19,6 +19,7 @@ from ansible_collections.biv100.serving.plugins.plugin_utils._probe_suite import
     with_values,
 )
 
+from probe_values import probe_values
 from standin_engines import ENGINE_FLAGS, SERVED, Engine, make_host
 
 DEFAULT_SUITE = Path(__file__).resolve().parents[3] / "files" / "probes" / "default.yml"
@@ -26,15 +27,8 @@ MAX_MODEL_LEN = 4096  # the stand-in's model config
 MAX_NUM_BATCHED_TOKENS = 1024
 FLAGS = ENGINE_FLAGS + ["--max-num-batched-tokens", str(MAX_NUM_BATCHED_TOKENS)]
 # The values the probe role gives the suite, for this engine.
-VALUES = {
-    "served_model_name": SERVED,
-    "max_model_len": MAX_MODEL_LEN,
-    "max_num_seqs": 2,
-    "max_num_batched_tokens": MAX_NUM_BATCHED_TOKENS,
-    "n_above_max_num_seqs": 3,
-    "long_prompt_words": min(MAX_MODEL_LEN // 2, 3 * MAX_NUM_BATCHED_TOKENS),
-    "too_long_prompt_words": MAX_MODEL_LEN + 16,
-}
+VALUES = probe_values({"max_model_len": MAX_MODEL_LEN, "max_num_seqs": 2,
+                       "max_num_batched_tokens": MAX_NUM_BATCHED_TOKENS}, SERVED)
 # Each regression probe, and how the stand-in reproduces the failure it guards against: a
 # BIV100_STANDIN_BREAK kind, the base's serving files without the payload's patches, or the
 # engine's environment.
