@@ -3,7 +3,7 @@
 turns on the same engine.
 
     .venv/bin/python benchmarks/bench_vs_vllm.py [--prompts 48] [--input-words 400]
-        [--output-tokens 128] [--concurrency 2] [--rounds 3]
+        [--output-tokens 128] [--concurrency 2] [--rounds 3] [--isolate]
 
 A one-host lab whose engine is the real vLLM is built in a folder of its own (no lab may be up),
 deployed with deploy.yml and taken down after. The prompts are the bench workloads' synthetic
@@ -18,6 +18,13 @@ beside the clients', with the CPU seconds the engine's API server and engine cor
 the rest of the machine's (the client and its start, Ansible, the lab), read from /proc: the
 lab's hosts share the machine's two cores, so what a client costs is taken from the engine.
 Prints each round's figures and the ratio of the medians, engine_bench / vllm bench serve.
+
+The engine's CPU backend binds its compute threads to the machine's CPUs, one each, and they
+wait for one another at every step: whatever else runs on a CPU holds the whole step up. With
+--isolate the engine core computes on the first CPU alone (one compute thread,
+VLLM_CPU_OMP_THREADS_BIND) and everything else runs on the others: the API server, whatever the
+host's sshd runs (both clients, Ansible's module calls), this script and the Ansible and ssh it
+starts. What a client costs on the machine then no longer reaches the engine's step.
 """
 
 from __future__ import annotations
@@ -31,7 +38,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from bench_lab import timed_playbook, work_dir
+import yaml
+from bench_lab import REPO, timed_playbook, work_dir
 
 import lab as lab_builder
 
@@ -111,6 +119,31 @@ def engine_cpu_seconds(host) -> tuple[float, float]:
     return cpu_seconds(pid), sum(map(cpu_seconds, lab_builder.descendants(pid)))
 
 
+def engine_env(isolate: bool) -> dict:
+    """The real-engine hosts' engine_env of the lab's inventory, with one compute thread on the
+    first CPU if `isolate`."""
+    group_vars = REPO / "inventory" / "lab" / "group_vars" / "lab_real_engine.yml"
+    env = dict(yaml.safe_load(group_vars.read_text())["engine_env"])
+    if isolate:
+        env["VLLM_CPU_OMP_THREADS_BIND"] = str(min(os.sched_getaffinity(0)))
+    return env
+
+
+def pin(pids: list[int], cpus: set[int]) -> None:
+    """Every thread of the processes onto `cpus` (a process's children inherit it from then on)."""
+    for pid in pids:
+        for thread in os.listdir(f"/proc/{pid}/task"):
+            os.sched_setaffinity(int(thread), cpus)
+
+
+def isolate_engine_core(host) -> None:
+    """The engine core alone on the first CPU, everything of the host and this script's on the others."""
+    first, *others = sorted(os.sched_getaffinity(0))
+    server = int(host.path(ENGINE_PID_FILE).read_text())
+    pin([host.sshd_pid, *lab_builder.descendants(host.sshd_pid), server, os.getpid()], set(others))
+    pin(lab_builder.descendants(server), {first})
+
+
 def body(prompt: str, output_tokens: int) -> dict:
     return {"model": SERVED, "messages": [{"role": "user", "content": prompt}],
             "max_tokens": output_tokens, "ignore_eos": True, "temperature": 0, "stream": True,
@@ -172,12 +205,17 @@ def main() -> int:
     parser.add_argument("--output-tokens", type=int, default=128)
     parser.add_argument("--concurrency", type=int, default=2)
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--isolate", action="store_true",
+                        help="the engine core on the first CPU alone, everything else on the others")
     args = parser.parse_args()
     with work_dir("biv100-bench-vs-vllm-") as work:
         built = lab_builder.up(n_hosts=1, lab_dir=work / "lab", rebuild=True, real_engines=["h1"])
         try:
             (host,) = built.hosts
-            timed_playbook("deploy.yml", built.inventory_path, {"serving_release": "bench"}, [])
+            timed_playbook("deploy.yml", built.inventory_path,
+                           {"serving_release": "bench", "engine_env": engine_env(args.isolate)}, [])
+            if args.isolate:
+                isolate_engine_core(host)
             rounds = []
             for number in range(args.rounds):
                 ours = measured(built, host, lambda: engine_bench(
@@ -189,7 +227,8 @@ def main() -> int:
         finally:
             lab_builder.down(built.dir)
     print(f"{args.prompts} prompts of {args.input_words} words, {args.output_tokens} output tokens each, "
-          f"{args.concurrency} at a time, {args.rounds} rounds (the real vLLM 0.10.1.1 on the lab's CPU):")
+          f"{args.concurrency} at a time, {args.rounds} rounds (the real vLLM 0.10.1.1 on the lab's CPU"
+          f"{', its engine core alone on one CPU' if args.isolate else ''}):")
     print("\n".join(table(rounds)))
     return 0
 

@@ -150,7 +150,7 @@ class ActionModule(ActionBase):
                 f"no deployment ledger at {ledger}: a deploy of this fleet writes it; name another "
                 f"folder with -e {LEDGER_VARIABLE}=<folder> (or BIV100_LEDGER_DIR)")
         try:
-            lines = load_ledger(ledger)
+            lines = load_ledger(ledger, display.warning)
             runs = load_tuning_runs(tunes, display.warning)
             files = render(lines, fleet, runs)
         except ReportError as error:

@@ -64,7 +64,6 @@ author:
   - biv100.serving maintainers (!UNKNOWN)
 """
 
-import json
 import os
 from pathlib import Path
 
@@ -74,6 +73,7 @@ from ansible.plugins.callback import CallbackBase
 from ansible.template import Templar
 
 from ansible_collections.biv100.serving.plugins.module_utils._state_store import utc_timestamp
+from ansible_collections.biv100.serving.plugins.plugin_utils import _json_lines as json_lines
 from ansible_collections.biv100.serving.plugins.plugin_utils._atomic_file import write_atomic
 from ansible_collections.biv100.serving.plugins.plugin_utils._canary_analysis import canary_record
 from ansible_collections.biv100.serving.plugins.plugin_utils._ledger_location import (
@@ -197,8 +197,9 @@ class CallbackModule(CallbackBase):
         now = utc_timestamp()
         lines = [dict(time=now, host=host, playbook=self._playbook, submission=self._submission,
                       **entry) for host, entry in sorted(seen.items())]
-        append_lines(directory / LEDGER_FILE, lines)
-        write_table(directory / TABLE_FILE, read_lines(directory / LEDGER_FILE))
+        json_lines.append(directory / LEDGER_FILE, lines, sort_keys=True)
+        written = json_lines.read(directory / LEDGER_FILE, self._display.warning)
+        write_table(directory / TABLE_FILE, [line for _number, line in written if isinstance(line, dict)])
 
     def _ledger_dir(self) -> Path:
         """This run's ledger folder."""
@@ -444,20 +445,6 @@ def one_line(text, limit: int = SHOWN_FAILURE_CHARS) -> str:
 
 
 # --- the files -----------------------------------------------------------------------------------
-
-
-def append_lines(path: Path, lines: list[dict]) -> None:
-    """Append whole lines and fsync: a reader never sees half a line."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    data = "".join(json.dumps(line, ensure_ascii=False, sort_keys=True) + "\n" for line in lines)
-    with open(path, "a", encoding="utf-8") as stream:
-        stream.write(data)
-        stream.flush()
-        os.fsync(stream.fileno())
-
-
-def read_lines(path: Path) -> list[dict]:
-    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
 
 
 COLUMNS = ("time", "host", "playbook", "submission", "release", "state", "files changed",

@@ -50,6 +50,7 @@ from pathlib import Path
 
 import yaml
 
+from ansible_collections.biv100.serving.plugins.plugin_utils import _json_lines as json_lines
 from ansible_collections.biv100.serving.plugins.plugin_utils import _templates
 from ansible_collections.biv100.serving.plugins.plugin_utils._canary_judge import LEAST_CONFIDENCE
 from ansible_collections.biv100.serving.plugins.plugin_utils._tune_results import (
@@ -103,20 +104,17 @@ class ReportError(ValueError):
 # --- the ledger ----------------------------------------------------------------------------------
 
 
-def load_ledger(path: Path) -> list[dict]:
-    """The lines of a ledger.jsonl; a line that is not a JSON object is named by its number."""
-    lines = []
-    for number, text in enumerate(Path(path).read_text(encoding="utf-8").splitlines(), start=1):
-        if not text.strip():
-            continue
-        try:
-            line = json.loads(text)
-        except ValueError as error:
-            raise ReportError(f"{path}, line {number}: not JSON ({error})") from None
+def load_ledger(path: Path, warn=None) -> list[dict]:
+    """The lines of a ledger.jsonl (a torn last line left out, named to warn); a line that is not
+    a JSON object is named by its number."""
+    try:
+        numbered = json_lines.read(path, warn)
+    except json_lines.JsonLinesError as error:
+        raise ReportError(str(error)) from None
+    for line_number, line in numbered:
         if not isinstance(line, dict):
-            raise ReportError(f"{path}, line {number}: not a JSON object")
-        lines.append(line)
-    return lines
+            raise ReportError(f"{path}: line {line_number}: not a JSON object")
+    return [line for _number, line in numbered]
 
 
 def number(value) -> float | None:

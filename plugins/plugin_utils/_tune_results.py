@@ -39,6 +39,7 @@ from pathlib import Path
 
 import yaml
 
+from ansible_collections.biv100.serving.plugins.plugin_utils import _json_lines as json_lines
 from ansible_collections.biv100.serving.plugins.plugin_utils._atomic_file import write_atomic
 
 SECTIONS = ("engine_args", "engine_allocator", "engine_env")
@@ -59,8 +60,6 @@ FIGURES = (
     ("simulated", ("simulated",)),
     ("gate_score", ("gate", "score")),
 )
-# How much of a torn line a warning shows.
-FRAGMENT_CHARS = 80
 
 
 class TuneRecordError(ValueError):
@@ -116,37 +115,13 @@ def _is_number(value) -> bool:
 
 
 def append_candidate(path: str | os.PathLike, record: dict) -> None:
-    """Append the record to the results file as one JSON line, on disk before this returns.
-
-    A last line left without its newline by a run that was killed while writing it is cut off
-    first, so that the new line stands alone. Missing folders are made.
-    """
-    path = Path(path)
+    """Append the record to the results file as one JSON line, on disk before this returns
+    (_json_lines.append: a torn last line is cut off first; missing folders are made)."""
     _check(record, f"{path}: the record")
     try:
-        line = json.dumps(record, ensure_ascii=False, allow_nan=False) + "\n"
-    except (TypeError, ValueError) as error:
-        raise TuneRecordError(f"{path}: the record of {record['id']} is not JSON: {error}") from None
-    path.parent.mkdir(parents=True, exist_ok=True)
-    created = not path.exists()
-    with open(path, "a+b") as stream:
-        stream.seek(0)
-        written = stream.read()
-        if written and not written.endswith(b"\n"):
-            stream.truncate(written.rfind(b"\n") + 1)
-        stream.write(line.encode("utf-8"))
-        stream.flush()
-        os.fsync(stream.fileno())
-    if created:
-        _fsync_folder(path.parent)
-
-
-def _fsync_folder(folder: Path) -> None:
-    descriptor = os.open(folder, os.O_RDONLY)
-    try:
-        os.fsync(descriptor)
-    finally:
-        os.close(descriptor)
+        json_lines.append(path, [record])
+    except json_lines.JsonLinesError as error:
+        raise TuneRecordError(f"{path}: the record of {record['id']} is {error.reason}") from None
 
 
 def read_records(path: str | os.PathLike, warn=None) -> list[dict]:
@@ -155,30 +130,13 @@ def read_records(path: str | os.PathLike, warn=None) -> list[dict]:
     A torn last line (no newline: the run was killed while writing it) is left out and named to
     warn(message); any other line that is not a record is an error naming its number.
     """
-    path = Path(path)
     try:
-        text = path.read_bytes().decode("utf-8", errors="replace")
-    except FileNotFoundError:
-        return []
-    except OSError as error:
-        raise TuneRecordError(f"{path}: cannot be read: {error}") from None
-    lines = text.split("\n")
-    torn = lines.pop()  # after the last newline: empty unless the last line was cut short
-    if torn and warn is not None:
-        shown = torn if len(torn) <= FRAGMENT_CHARS else torn[:FRAGMENT_CHARS] + "..."
-        warn(f"{path}: line {len(lines) + 1} was cut short (the run stopped while writing it) and is left "
-             f"out; its candidate counts as not run: {shown}")
-    records = []
-    for number, line in enumerate(lines, 1):
-        if not line.strip():
-            continue
-        try:
-            record = json.loads(line)
-        except ValueError as error:
-            raise TuneRecordError(f"{path}: line {number}: not JSON: {error}") from None
+        lines = json_lines.read(path, warn, torn_means="its candidate counts as not run")
+    except json_lines.JsonLinesError as error:
+        raise TuneRecordError(str(error)) from None
+    for number, record in lines:
         _check(record, f"{path}: line {number}")
-        records.append(record)
-    return records
+    return [record for _number, record in lines]
 
 
 def read_candidates(path: str | os.PathLike, warn=None) -> dict[str, dict]:

@@ -208,7 +208,7 @@ def test_a_missing_ledger_fails_naming_where_it_was_looked_for(tmp_path):
     with pytest.raises(AnsibleActionFail, match=f"no deployment ledger at {tmp_path / 'ledger.jsonl'}: "):
         run_action({"ledger_dir": str(tmp_path), "dest": str(tmp_path / "report")})
     (tmp_path / "ledger.jsonl").write_text("{not json\n")
-    with pytest.raises(AnsibleActionFail, match=r"ledger.jsonl, line 1: not JSON"):
+    with pytest.raises(AnsibleActionFail, match=r"ledger.jsonl: line 1: not JSON"):
         run_action({"ledger_dir": str(tmp_path), "dest": str(tmp_path / "report")})
     assert not (tmp_path / "report").exists()
 

@@ -14,11 +14,10 @@ import yaml
 from ansible_collections.biv100.serving.plugins.callback.ledger import (
     SHOWN_FAILURE_CHARS,
     CallbackModule,
-    append_lines,
     outcome_line,
-    read_lines,
     write_table,
 )
+from ansible_collections.biv100.serving.plugins.plugin_utils import _json_lines as json_lines
 from ansible_collections.biv100.serving.plugins.plugin_utils._ledger_location import ledger_home
 from ansible_collections.biv100.serving.plugins.plugin_utils._project_folder import project_root
 
@@ -33,10 +32,14 @@ ROLLED_BACK = {"time": "2026-11-29T20:00:00Z", "host": "h2", "playbook": "deploy
                "probes": "49/49 probes passed", "failure": "Probe the engine: 1 of 49 probes failed"}
 
 
+def read_lines(path):
+    return [line for _number, line in json_lines.read(path)]
+
+
 def test_lines_are_appended_and_the_table_is_made_from_all_of_them(tmp_path):
     ledger = tmp_path / "ledger" / "ledger.jsonl"
-    append_lines(ledger, [GOOD])
-    append_lines(ledger, [ROLLED_BACK])
+    json_lines.append(ledger, [GOOD])
+    json_lines.append(ledger, [ROLLED_BACK])
     write_table(tmp_path / "ledger" / "LEDGER.md", read_lines(ledger))
 
     assert [line["host"] for line in read_lines(ledger)] == ["h1", "h2"]

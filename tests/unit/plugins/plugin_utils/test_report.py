@@ -162,7 +162,7 @@ def test_broken_or_partial_figures_are_left_out_not_drawn_as_zero():
 def test_a_ledger_line_that_is_not_json_is_named_by_its_number(tmp_path):
     path = tmp_path / "ledger.jsonl"
     path.write_text(json.dumps(line("r1", "h1", 1)) + "\n\n{half a line\n")
-    with pytest.raises(ReportError, match=r"ledger.jsonl, line 3: not JSON"):
+    with pytest.raises(ReportError, match=r"ledger.jsonl: line 3: not JSON"):
         load_ledger(path)
     path.write_text("[1, 2]\n")
     with pytest.raises(ReportError, match=r"line 1: not a JSON object"):
