@@ -33,6 +33,7 @@ from ansible.utils.display import Display
 from ansible_collections.biv100.serving.plugins.module_utils import _bench_options
 from ansible_collections.biv100.serving.plugins.module_utils._bench_options import MUTUALLY_EXCLUSIVE, REQUIRED_ONE_OF
 from ansible_collections.biv100.serving.plugins.module_utils._state_store import TIMESTAMP_FORMAT, utc_timestamp
+from ansible_collections.biv100.serving.plugins.plugin_utils import _bench_record as bench_record
 from ansible_collections.biv100.serving.plugins.plugin_utils._atomic_file import write_atomic
 from ansible_collections.biv100.serving.plugins.plugin_utils._bench_workload import (
     WorkloadError,
@@ -50,17 +51,6 @@ MODULE = "biv100.serving.engine_bench"
 FIRST_LINE_SECONDS = 1.0
 # Seconds the job may run beyond its requests' timeouts before the action stops it.
 SLACK_SECONDS = 120
-# Figures of a results file that the deltas compare: (name, where in the figures).
-DELTA_FIGURES = (
-    ("score", ("score",)),
-    ("output_tps", ("output_tps",)),
-    ("input_tps", ("input_tps",)),
-    ("ttft_p99_ms", ("ttft_ms", "p99")),
-    ("tpot_p99_ms", ("tpot_ms", "p99")),
-)
-# What the results file holds of the module's result.
-FIGURE_KEYS = ("requests", "input_tokens", "output_tokens", "duration_s", "request_tps", "input_tps",
-               "output_tps", "total_tps", "ttft_ms", "tpot_ms", "itl_ms", "e2e_ms", "samples", "weights", "score")
 # A registered task result's own keys, left out of the quality verdict recorded.
 TASK_RESULT_KEYS = ("changed", "failed", "skipped", "invocation", "warnings", "deprecations", "exception")
 MODULE_OPTIONS = ("url", "api_key_env_file", "served_model_name", "requests", "warmup", "concurrency",
@@ -167,6 +157,7 @@ class ActionModule(ActionBase):
         result.update({key: answer[key] for key in ("concurrency", "warmup", "failures", "progress_error")
                        if key in answer})
         result.update({key: value for key, value in verdict.items() if key not in ("host", "started", "finished")})
+        result["record"] = bench_record.kept(verdict)
         result["changed"] = False
         result["results_file"] = None
         if args["release"] and not self._task.check_mode:
@@ -289,21 +280,12 @@ def progress_line(host: str, progress: dict | None, module_args: dict) -> str:
             f"input {progress.get('input_tps', 0):.0f} tok/s{mark}")
 
 
-def figure(figures: dict, path: tuple[str, ...]):
-    value = figures
-    for key in path:
-        if not isinstance(value, dict):
-            return None
-        value = value.get(key)
-    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
-
-
 def deltas(figures: dict, compare_with: dict) -> dict:
     """For each compared figure, before (the other release's), after, change and percent."""
     before_figures = compare_with.get("figures") or {}
     found = {"release": compare_with.get("release")}
-    for name, path in DELTA_FIGURES:
-        before, after = figure(before_figures, path), figure(figures, path)
+    for name, path in bench_record.HEADLINE:
+        before, after = bench_record.figure(before_figures, path), bench_record.figure(figures, path)
         if before is None or after is None:
             found[name] = None
             continue
@@ -328,7 +310,7 @@ def delta_text(found: dict) -> str:
 def judge(answer: dict, args: dict, workload, host: str) -> dict:
     """The figures with the gate's verdict, the deltas and the message; failed only for failed
     requests beyond the allowed fraction."""
-    figures = {key: answer[key] for key in FIGURE_KEYS}
+    figures = {key: answer[key] for key in bench_record.MEASURED}
     gate = float(args["gate"])
     passed = figures["score"] >= gate
     verdict = dict(figures, gate={"score": gate, "passed": passed}, simulated=bool(answer.get("simulated")),
@@ -355,8 +337,7 @@ def judge(answer: dict, args: dict, workload, host: str) -> dict:
 
 def results_document(verdict: dict, answer: dict, args: dict) -> dict:
     """The results file: the figures, the verdict, and what they were measured with."""
-    document = {key: verdict[key] for key in (*FIGURE_KEYS, "gate", "simulated", "host", "release", "workload",
-                                              "started", "finished")}
+    document = {key: verdict[key] for key in (*bench_record.KEPT, "host", "release", "started", "finished")}
     document.update(
         deltas=verdict.get("deltas"),
         url=args["url"],

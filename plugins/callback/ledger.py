@@ -73,6 +73,7 @@ from ansible.plugins.callback import CallbackBase
 from ansible.template import Templar
 
 from ansible_collections.biv100.serving.plugins.module_utils._state_store import utc_timestamp
+from ansible_collections.biv100.serving.plugins.plugin_utils import _bench_record as bench_record
 from ansible_collections.biv100.serving.plugins.plugin_utils import _json_lines as json_lines
 from ansible_collections.biv100.serving.plugins.plugin_utils._atomic_file import write_atomic
 from ansible_collections.biv100.serving.plugins.plugin_utils._canary_analysis import canary_record
@@ -291,17 +292,16 @@ def _rolled_back(entry, answer, failed):
     entry["_phase"] = "rollback"
 
 
-# The gates' figures, as the engine_bench and engine_quality actions return them at the top of
-# their result; `make report` draws them and LEDGER.md shows the headline ones.
-BENCH_KEYS = ("score", "input_tps", "output_tps", "total_tps", "request_tps", "requests", "ttft_ms",
-              "tpot_ms", "itl_ms", "e2e_ms", "weights", "gate", "simulated", "workload")
+# The quality gate's figures, as the engine_quality action returns them at the top of its result
+# (the throughput gate's are bench_record's); `make report` draws them and LEDGER.md shows the
+# headline ones.
 QUALITY_KEYS = ("score", "cases", "correct", "baseline", "deviation", "bound", "passed", "simulated")
 
 
 def _benched(entry, answer, failed):
     # A bench that missed the gate fails its task and still holds its figures.
     if "score" in answer:
-        entry["bench"] = {key: answer[key] for key in BENCH_KEYS if key in answer}
+        entry["bench"] = bench_record.kept(answer, per_request=False)
 
 
 def _scored(entry, answer, failed):

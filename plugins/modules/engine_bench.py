@@ -526,6 +526,13 @@ workload:
       C(duration_seconds), C(stream); null with O(requests).
   returned: unless O(detach)
   type: dict
+record:
+  description:
+    - What a record of this bench keeps - the release record's C(gates.bench), the results file
+      and (less C(samples)) the ledger line - the figures above with C(samples), C(gate),
+      C(simulated) and C(workload).
+  returned: unless O(detach)
+  type: dict
 release:
   description: The O(release) measured.
   returned: unless O(detach)

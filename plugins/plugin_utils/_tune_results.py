@@ -39,6 +39,7 @@ from pathlib import Path
 
 import yaml
 
+from ansible_collections.biv100.serving.plugins.plugin_utils import _bench_record as bench_record
 from ansible_collections.biv100.serving.plugins.plugin_utils import _json_lines as json_lines
 from ansible_collections.biv100.serving.plugins.plugin_utils._atomic_file import write_atomic
 
@@ -51,11 +52,7 @@ STARTED = "started"  # the memory step-down: it started, nothing was measured
 STATUSES = (MEASURED, MISSED_GATE, FAILED_TO_START, INVALID, STARTED)
 # The figures a record keeps of a bench result: (name, where in engine_bench's figures).
 FIGURES = (
-    ("score", ("score",)),
-    ("output_tps", ("output_tps",)),
-    ("input_tps", ("input_tps",)),
-    ("ttft_p99_ms", ("ttft_ms", "p99")),
-    ("tpot_p99_ms", ("tpot_ms", "p99")),
+    *bench_record.HEADLINE,
     ("requests", ("requests",)),
     ("simulated", ("simulated",)),
     ("gate_score", ("gate", "score")),
