@@ -4,13 +4,8 @@ from ansible.errors import AnsibleFilterError
 
 from engine_defaults import SUB168
 
-from ansible_collections.biv100.serving.plugins.filter.computility_run import (
-    FilterModule,
-    computility_run,
-)
-from ansible_collections.biv100.serving.plugins.filter.engine_cli_args import (
-    engine_cli_args,
-)
+from ansible_collections.biv100.serving.plugins.plugin_utils._computility_run import computility_run
+from ansible_collections.biv100.serving.plugins.plugin_utils._engine_cli_args import engine_cli_args
 
 ENV = {
     "PYTORCH_CUDA_ALLOC_CONF": "garbage_collection_threshold:0.8,max_split_size_mb:512",
@@ -66,10 +61,6 @@ def test_a_launch_value_set_twice_must_agree():
     with pytest.raises(AnsibleFilterError) as raised:
         render(engine_args={**ENGINE_ARGS, "port": 9000})
     assert str(raised.value) == "engine_args.port is 9000 but port is 8000: set it in one place"
-
-
-def test_the_filter_is_exported_under_its_name():
-    assert FilterModule().filters() == {"computility_run": computility_run}
 
 
 def test_a_secret_is_named_in_the_run_file_and_its_value_is_not():
