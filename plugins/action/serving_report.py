@@ -39,18 +39,11 @@ from ansible_collections.biv100.serving.plugins.plugin_utils._ledger_location im
     ledger_home,
 )
 from ansible_collections.biv100.serving.plugins.plugin_utils._project_folder import fleet, project_root
-from ansible_collections.biv100.serving.plugins.plugin_utils._report import (
-    CANARY_PLOT_PREFIX,
-    INDEX,
-    PLOT_SUFFIX,
-    TUNE_PLOT_PREFIX,
-    ReportError,
-    load_ledger,
-    load_tuning_runs,
-    plot_names,
-    render,
-    rows,
-)
+from ansible_collections.biv100.serving.plugins.plugin_utils._report import INDEX, plot_names, render
+from ansible_collections.biv100.serving.plugins.plugin_utils._report_canary import CANARY_PLOT_PREFIX
+from ansible_collections.biv100.serving.plugins.plugin_utils._report_figures import PLOT_SUFFIX
+from ansible_collections.biv100.serving.plugins.plugin_utils._report_ledger import ReportError, load_ledger, rows
+from ansible_collections.biv100.serving.plugins.plugin_utils._report_tuning import TUNE_PLOT_PREFIX, load_tuning_runs
 
 # build/report/<fleet> at the project root, beside the probes' results and computility-run.yaml.
 REPORT_FOLDER = ("build", "report")

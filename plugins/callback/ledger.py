@@ -85,7 +85,7 @@ from ansible_collections.biv100.serving.plugins.plugin_utils._ledger_location im
 )
 from ansible_collections.biv100.serving.plugins.plugin_utils._probe_summary import probe_summary
 from ansible_collections.biv100.serving.plugins.plugin_utils._project_folder import project_root
-from ansible_collections.biv100.serving.plugins.plugin_utils._report import figure_cells
+from ansible_collections.biv100.serving.plugins.plugin_utils._report_ledger import figure_cells
 
 COLLECTION = "biv100.serving."
 

@@ -56,7 +56,7 @@ options:
     description:
       - Seconds to wait for the lock when a run begun after this one holds it (its run id sorts
         after O(run_id); the playbooks' ids begin with the run's start time), before refusing.
-      - The playbooks take a fleet's locks on every host at once, all or nothing: a run refused
+      - The playbooks take a fleet's locks on every host at once, all or nothing; a run refused
         at one host gives back every lock it took. Of two runs started together, the later one
         is refused at once where the earlier holds a host, and gives its hosts back; the
         earlier one waits for them, so one of the two holds every host and the other none.

@@ -19,7 +19,8 @@ from ansible.parsing.dataloader import DataLoader
 from ansible.template import Templar, trust_as_template
 
 from ansible_collections.biv100.serving.plugins.action import serving_report as report_action
-from ansible_collections.biv100.serving.plugins.plugin_utils._report import INDEX, PLOTS
+from ansible_collections.biv100.serving.plugins.plugin_utils._report import INDEX
+from ansible_collections.biv100.serving.plugins.plugin_utils._report_figures import PLOTS
 from ansible_collections.biv100.serving.plugins.plugin_utils._tune_results import append_candidate, candidate_record
 from ansible_collections.biv100.serving.plugins.plugin_utils._tune_space import make_candidate
 
