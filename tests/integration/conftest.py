@@ -18,13 +18,19 @@ def lab(tmp_path_factory):
 
 
 # The modules by the time they take, longest first (make integration lists the slowest steps).
-# pytest-xdist hands each worker whole modules in the order collected (make integration passes
-# --no-loadscope-reorder, whose default orders them by their number of tests): the long ones
-# start first and the short ones even out the workers' ends. A module not listed goes last.
+# pytest-xdist hands each worker whole groups of tests in the order collected (make integration
+# passes --dist loadgroup and --no-loadscope-reorder, whose default orders them by their number
+# of tests): the long ones start first and the short ones even out the workers' ends. A module
+# not listed goes last.
 HERE = Path(__file__).parent
 LONGEST_FIRST = ("test_deploy_playbook", "test_tune", "test_real_engine", "test_canary_analysis", "test_rollback", "test_instances",
                  "test_gates", "test_submission", "test_facts_playbook", "test_release_cycle", "test_lab",
                  "test_secrets")
+# Each module is a group of its own (its lab and the deploys its fixtures make are built once, on
+# one worker), but for these, which run one after the other on one worker: the real engine
+# computes on a whole CPU for minutes, and the canary analysis judges the stand-in's timing,
+# which the lab's two cores cannot keep beside it.
+SHARED_GROUPS = {"test_real_engine": "real-engine-then-canary", "test_canary_analysis": "real-engine-then-canary"}
 
 
 def pytest_collection_modifyitems(items):
@@ -35,3 +41,4 @@ def pytest_collection_modifyitems(items):
     ordered = sorted((items[index] for index in places), key=lambda item: rank.get(item.path.stem, len(rank)))
     for index, item in zip(places, ordered):
         items[index] = item
+        item.add_marker(pytest.mark.xdist_group(SHARED_GROUPS.get(item.path.stem, item.path.stem)))
