@@ -46,7 +46,7 @@ from lab_files import (
 )
 from playbook_runs import ONE_BATCH, REPO, ended, kill_controller, run_playbook, start_playbook
 
-from ansible_collections.biv100.serving.plugins.action.serving_lock import process_argv, runs_ansible_playbook
+from ansible_collections.biv100.serving.plugins.plugin_utils._controller_processes import process_argv, runs_ansible_playbook
 
 import lab as lab_builder
 

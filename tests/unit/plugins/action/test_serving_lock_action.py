@@ -17,14 +17,12 @@ from pathlib import Path
 
 import pytest
 
-from ansible_collections.biv100.serving.plugins.action.serving_lock import (
+from ansible_collections.biv100.serving.plugins.action.serving_lock import live_holder_pid, stale_reason, wants_break
+from ansible_collections.biv100.serving.plugins.plugin_utils._controller_processes import (
     PF_FORKNOEXEC,
     leftover_workers,
-    live_holder_pid,
     process_argv,
     runs_ansible_playbook,
-    stale_reason,
-    wants_break,
 )
 
 REPO_ROOT = Path(__file__).resolve().parents[4]
