@@ -306,10 +306,8 @@ def file_drift(package_root, digests):
 def quality_score(record):
     """The quality score a release record's gates hold (of its first instance by name that has
     one: every instance serves the same release), or None."""
-    gates = (record or {}).get("gates") or {}
-    entries = ([gates["instances"][name] or {} for name in sorted(gates["instances"] or {})]
-               if "instances" in gates else [gates])
-    for entry in entries:
+    instances = ((record or {}).get("gates") or {}).get("instances") or {}
+    for entry in (instances[name] or {} for name in sorted(instances)):
         score = (entry.get("quality") or {}).get("score")
         if isinstance(score, (int, float)) and not isinstance(score, bool):
             return score

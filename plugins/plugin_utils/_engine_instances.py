@@ -102,9 +102,8 @@ def engine_instances(instances, host: str, engine: dict, gpus: dict | None = Non
 
 
 def _recorded_layout(restore: dict | None, listed: list[dict]) -> list[dict]:
-    """The instances a release record names (none for a record of a host's one engine), each in
-    the place recorded for it; the inventory's entry of the same name stands in for what the
-    record lacks."""
+    """The instances a release record names, each in the place recorded for it; the inventory's
+    entry of the same name stands in for what the record lacks."""
     recorded = (restore or {}).get("instances") or {}
     if not isinstance(recorded, dict):
         raise AnsibleFilterError(f"engine_restore.instances is {type(recorded).__name__}: a mapping of instance names")
@@ -380,10 +379,6 @@ def instance_record(proven: dict, key: str, instances=()):
 
 
 def recorded_instance(part: dict | None, name: str) -> dict:
-    """One instance's entry in a part of a release record (engine, gates): {"instances": {name:
-    ...}}, or the entry itself in a record of a host's one engine that names none; {} when the
-    record holds nothing for it."""
-    part = part or {}
-    if "instances" in part:
-        return (part["instances"] or {}).get(name) or {}
-    return part
+    """One instance's entry in a part of a release record (engine, gates: {"instances": {name:
+    ...}}); {} when the record holds nothing for it."""
+    return ((part or {}).get("instances") or {}).get(name) or {}

@@ -261,11 +261,11 @@ def _platform_run(host: _Host) -> str | None:
 
 
 def _first_instance(part):
-    """The entry of a record's part (engine, gates) for the instance the bundle carries: the
-    first by name of {"instances": {...}}, or the part itself in a record that names none."""
+    """The entry of a record's part (engine, gates: {"instances": {...}}) for the instance the
+    bundle carries, the first by name; None when the part names none."""
     if isinstance(part, dict) and isinstance(part.get("instances"), dict) and part["instances"]:
         return part["instances"][min(part["instances"])]
-    return part
+    return None
 
 
 def _engine_difference(reference: str, expected: str, text: str | None) -> str | None:

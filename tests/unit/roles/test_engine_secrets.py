@@ -67,9 +67,9 @@ def test_the_platform_file_names_the_key_without_its_value(vaulted):
 
 def test_a_restored_release_runs_with_the_current_key():
     # What a release proven with a key recorded, as the rollback role hands it back.
-    recorded = {"args": {**SUB168, "max_num_seqs": 4}, "allocator": {"max_split_size_mb": 512},
-                "env": {}, "visible_devices": "", "allow_long_max_model_len": False,
-                "api_key_set": True}
+    recorded = {"instances": {"vllm": {
+        "args": {**SUB168, "max_num_seqs": 4}, "allocator": {"max_split_size_mb": 512}, "env": {},
+        "visible_devices": "", "allow_long_max_model_len": False, "api_key_set": True}}}
     restored = render(f"engine_api_key: {vault_inline(SECRET)}\n"
                       f"engine_restore: {json.dumps(recorded)}\n")
 

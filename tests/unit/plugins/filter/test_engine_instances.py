@@ -145,12 +145,12 @@ def test_a_release_records_each_instance_by_name_and_one_summary():
     assert instance_record(several, "summary", listed) == "vllm-1: a; vllm-2: b"
 
 
-def test_an_instance_is_read_from_a_record_of_either_shape():
+def test_an_instance_is_read_from_the_records_instances_by_name():
     one = {"args": SUB168, "env": {}}
     assert recorded_instance({"instances": {"vllm-2": one}}, "vllm-2") == one
     assert recorded_instance({"instances": {"vllm-2": one}}, "vllm-1") == {}
-    # A record of a host's one engine that names none.
-    assert recorded_instance(one, "vllm") == one
+    # A record that names no instance holds none (the 0.1 collection never wrote another shape).
+    assert recorded_instance(one, "vllm") == {}
     assert recorded_instance(None, "vllm") == {}
 
 
@@ -163,7 +163,7 @@ def test_an_instance_is_restored_with_what_its_release_recorded_for_it():
     assert second["record"]["args"]["max_num_seqs"] == 8 and second["env"]["X"] == "1"
     # Whether a key is required follows the inventory's key, not the record.
     assert second["record"]["api_key_set"] is False
-    (only,) = resolve([], gpus(8), restore={"args": {**SUB168, "max_num_seqs": 1}})
+    (only,) = resolve([], gpus(8), restore={"instances": {"vllm": {"args": {**SUB168, "max_num_seqs": 1}}}})
     assert only["record"]["args"]["max_num_seqs"] == 1
 
 

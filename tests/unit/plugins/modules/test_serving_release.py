@@ -109,7 +109,8 @@ def test_a_release_file_reached_through_a_link_is_drift_even_with_the_same_conte
     ]
 
 
-GATES = {"bench": {"score": 8437.1, "simulated": True}, "quality": {"score": 0.969, "passed": True}}
+GATES = {"instances": {"vllm": {"bench": {"score": 8437.1, "simulated": True},
+                                 "quality": {"score": 0.969, "passed": True}}}}
 
 
 def good_predecessor(store, release="sub509", gates=None):
@@ -309,9 +310,10 @@ def test_a_failed_release_keeps_its_reason_engine_and_figures_and_never_becomes_
     assert not (store["state"] / "baseline" / "quality.json").exists()
 
 
-def test_the_quality_score_is_read_from_a_record_of_either_shape():
+def test_the_quality_score_is_that_of_the_first_instance_by_name_that_has_one():
     quality = {"quality": {"score": 0.9}}
-    assert serving_release.quality_score({"gates": quality}) == 0.9
+    # A record that names no instance holds none (the 0.1 collection never wrote another shape).
+    assert serving_release.quality_score({"gates": quality}) is None
     assert serving_release.quality_score({"gates": {"instances": {"vllm-2": quality, "vllm-1": {"quality": None}}}}) == 0.9
     assert serving_release.quality_score({"gates": {"instances": {"vllm": {"bench": {}}}}}) is None
     assert serving_release.quality_score({}) is None

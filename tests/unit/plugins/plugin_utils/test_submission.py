@@ -82,10 +82,11 @@ def export(version="0.10.1.1", status="good", run=RUN, **record_fields):
         "digests": {path: sha(INSTALLED[path]) for path in paths},
         "files": {path: {"before": sha(BASES[version][path]) if BASES[version][path] else None,
                          "after": sha(INSTALLED[path])} for path in paths},
-        "engine": {"args": {"tensor_parallel_size": 4}, "allocator": {}, "env": {}, "platform_run": run},
+        "engine": {"instances": {"vllm": {"args": {"tensor_parallel_size": 4}, "allocator": {}, "env": {},
+                                          "platform_run": run}}},
         "vllm_version": version, "payload_digest": "9" * 64,
         "mappings": [MAPPINGS[path] for path in paths],
-        "gates": copy.deepcopy(GATES),
+        "gates": {"instances": {"vllm": copy.deepcopy(GATES)}},
         "history": [{"status": "pending", "at": "2026-12-01T10:00:00Z", "reason": "staged"},
                     {"status": status, "at": "2026-12-01T10:20:00Z",
                      "reason": "75/75 probes passed (at least 50); quality 0.969; score 8437"}],
@@ -240,7 +241,7 @@ def test_a_release_not_good_on_a_named_host_is_refused_naming_host_and_status_un
 
 def test_a_reference_without_its_run_document_is_refused_naming_the_host():
     hosts = fleet()
-    del hosts[1]["export"]["record"]["engine"]["platform_run"]
+    del hosts[1]["export"]["record"]["engine"]["instances"]["vllm"]["platform_run"]
     with pytest.raises(SubmissionError, match=(
             r"^host h2: release sub510 was recorded before run documents were kept .*"
             r"deploy it again under a new release id$")):
@@ -415,8 +416,8 @@ def test_the_readme_says_what_the_bundle_holds_how_to_use_it_and_what_the_releas
 def test_the_readme_of_real_figures_or_none_says_so():
     hosts = fleet()[:1]
     record = hosts[0]["export"]["record"]
-    record["gates"]["bench"]["simulated"] = False
-    record["gates"]["quality"] = None
+    record["gates"]["instances"]["vllm"]["bench"]["simulated"] = False
+    record["gates"]["instances"]["vllm"]["quality"] = None
     readme = build("sub510", hosts).files["README.md"].decode()
     assert "(sim)" not in readme and "| quality | not measured | - |" in readme
     assert "None: every named host ran the engine of computility-run.yaml." in readme
@@ -427,7 +428,8 @@ def test_the_readme_of_real_figures_or_none_says_so():
     assert "| quality | not measured | - |" in readme and "| throughput | not measured | - |" in readme
     assert "The release records no mapping record." in readme
 
-    hosts[0]["export"]["record"]["gates"] = {"bench": dict(GATES["bench"], gate={"score": 9000, "passed": False})}
+    hosts[0]["export"]["record"]["gates"] = {"instances": {"vllm": {
+        "bench": dict(GATES["bench"], gate={"score": 9000, "passed": False})}}}
     assert "| throughput | **FAILED** | score 8437 (gate ≥ 9000)" in build("sub510", hosts).files["README.md"].decode()
 
 
@@ -471,7 +473,7 @@ def test_the_archive_holds_the_folder_under_the_release_with_fixed_metadata():
 
 def test_a_host_of_several_instances_gives_the_run_document_of_its_first_instance_by_name():
     hosts = fleet()
-    engine = hosts[0]["export"]["record"]["engine"]
+    engine = hosts[0]["export"]["record"]["engine"]["instances"]["vllm"]
     hosts[0]["export"]["record"]["engine"] = {"instances": {
         "vllm-2": {**engine, "platform_run": engine["platform_run"].replace("8000", "8001")},
         "vllm-1": engine}}
