@@ -23,9 +23,9 @@ def lab(tmp_path_factory):
 # of tests): the long ones start first and the short ones even out the workers' ends. A module
 # not listed goes last.
 HERE = Path(__file__).parent
-LONGEST_FIRST = ("test_deploy_playbook", "test_tune", "test_real_engine", "test_canary_analysis", "test_rollback", "test_instances",
-                 "test_gates", "test_submission", "test_facts_playbook", "test_release_cycle", "test_lab",
-                 "test_secrets")
+LONGEST_FIRST = ("test_real_engine", "test_canary_analysis", "test_deploy_playbook", "test_tune", "test_rollback",
+                 "test_instances", "test_gates", "test_submission", "test_facts_playbook", "test_release_cycle",
+                 "test_lab", "test_secrets")
 # Each module is a group of its own (its lab and the deploys its fixtures make are built once, on
 # one worker), but for these, which run one after the other on one worker: the real engine
 # computes on a whole CPU for minutes, and the canary analysis judges the stand-in's timing,
