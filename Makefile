@@ -140,13 +140,12 @@ sanity-2.21: setup-2.21
 	$(run_sanity)
 
 ## The lab's integration tests, two labs at once: each pytest-xdist worker builds its own labs (its
-## lab ids, tests/integration/lab_guard.py) and is given whole groups of tests (--dist loadgroup:
-## a module each, two that must not run side by side together, tests/integration/conftest.py), so
+## lab ids, tests/integration/lab_guard.py) and is given whole test modules (--dist loadfile), so
 ## that a module's lab and the deploys its fixtures make are built once, on one worker. The 20
 ## slowest steps are listed: the suite's length is the test run's, and this is where it goes.
 INTEGRATION_WORKERS ?= 2
 integration: setup
-	$(BIN)/pytest tests/integration -q -n $(INTEGRATION_WORKERS) --dist loadgroup --no-loadscope-reorder --durations=20
+	$(BIN)/pytest tests/integration -q -n $(INTEGRATION_WORKERS) --dist loadfile --no-loadscope-reorder --durations=20
 
 ## One release's whole cycle on the lab (deploy with every gate, verify, rollback) with
 ## ansible-core 2.21 as the controller.

@@ -5,6 +5,7 @@ a person left up or another worker's."""
 
 from __future__ import annotations
 
+import fcntl
 from pathlib import Path
 
 import pytest
@@ -18,19 +19,19 @@ def lab(tmp_path_factory):
 
 
 # The modules by the time they take, longest first (make integration lists the slowest steps).
-# pytest-xdist hands each worker whole groups of tests in the order collected (make integration
-# passes --dist loadgroup and --no-loadscope-reorder, whose default orders them by their number
-# of tests): the long ones start first and the short ones even out the workers' ends. A module
-# not listed goes last.
+# pytest-xdist hands each worker whole modules in the order collected (make integration passes
+# --no-loadscope-reorder, whose default orders them by their number of tests): the long ones
+# start first and the short ones even out the workers' ends. A module not listed goes last. The
+# canary analysis' comes after enough others that the real engine's, which it may not run beside
+# (one_cpu_heavy_module_at_a_time), has ended by the time a worker takes it.
 HERE = Path(__file__).parent
-LONGEST_FIRST = ("test_real_engine", "test_canary_analysis", "test_deploy_playbook", "test_tune", "test_rollback",
+LONGEST_FIRST = ("test_real_engine", "test_deploy_playbook", "test_tune", "test_canary_analysis", "test_rollback",
                  "test_instances", "test_gates", "test_submission", "test_facts_playbook", "test_release_cycle",
                  "test_lab", "test_secrets")
-# Each module is a group of its own (its lab and the deploys its fixtures make are built once, on
-# one worker), but for these, which run one after the other on one worker: the real engine
-# computes on a whole CPU for minutes, and the canary analysis judges the stand-in's timing,
-# which the lab's two cores cannot keep beside it.
-SHARED_GROUPS = {"test_real_engine": "real-engine-then-canary", "test_canary_analysis": "real-engine-then-canary"}
+# The modules that run one at a time on the machine, whichever worker has them: the real engine
+# computes on a whole CPU for minutes, and the canary analysis judges the stand-in's timing, which
+# the lab's two cores cannot keep beside it.
+CPU_HEAVY_LOCK = Path("/tmp/biv100-integration-cpu-heavy.lock")
 
 
 def pytest_collection_modifyitems(items):
@@ -41,4 +42,13 @@ def pytest_collection_modifyitems(items):
     ordered = sorted((items[index] for index in places), key=lambda item: rank.get(item.path.stem, len(rank)))
     for index, item in zip(places, ordered):
         items[index] = item
-        item.add_marker(pytest.mark.xdist_group(SHARED_GROUPS.get(item.path.stem, item.path.stem)))
+
+
+@pytest.fixture(scope="module")
+def one_cpu_heavy_module_at_a_time():
+    """Held by a module from before its lab is built until its last test ended: another module
+    using it, on the other pytest-xdist worker, waits until then (an flock, released with the
+    process should it die)."""
+    with open(CPU_HEAVY_LOCK, "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield

@@ -16,7 +16,8 @@ import yaml
 from lab_files import REPO, STATE, current_release, engine_pids, host_state
 from playbook_runs import ONE_BATCH, run_playbook
 
-pytestmark = pytest.mark.lab
+# Never beside the other of the two (tests/integration/conftest.py).
+pytestmark = [pytest.mark.lab, pytest.mark.usefixtures("one_cpu_heavy_module_at_a_time")]
 
 DEPLOY = "deploy.yml"
 JUDGE_TASK = "Judge the canary against its baseline"

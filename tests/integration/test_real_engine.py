@@ -37,7 +37,8 @@ from ansible_collections.biv100.serving.plugins.plugin_utils._probe_suite import
     with_values,
 )
 
-pytestmark = pytest.mark.lab
+# Never beside the other of the two (tests/integration/conftest.py).
+pytestmark = [pytest.mark.lab, pytest.mark.usefixtures("one_cpu_heavy_module_at_a_time")]
 
 PROTOCOL_PROBES = sum(probe["checks"] == "protocol" for probe in
                       yaml.safe_load((REPO / "files" / "probes" / "default.yml").read_text()))
