@@ -52,17 +52,6 @@ options:
   release:
     description: The release being deployed, named in refusals.
     type: str
-  wait_for_younger:
-    description:
-      - Seconds to wait for the lock when a run begun after this one holds it (its run id sorts
-        after O(run_id); the playbooks' ids begin with the run's start time), before refusing.
-      - The playbooks take a fleet's locks on every host at once, all or nothing; a run refused
-        at one host gives back every lock it took. Of two runs started together, the later one
-        is refused at once where the earlier holds a host, and gives its hosts back; the
-        earlier one waits for them, so one of the two holds every host and the other none.
-      - A lock held by a run begun before this one is refused at once.
-    type: float
-    default: 0
   break_lock:
     description:
       - Take the lock over from whichever run holds it, for a lock left by a run that is gone
@@ -191,7 +180,6 @@ import contextlib
 import fcntl
 import json
 import os
-import time
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.biv100.serving.plugins.module_utils._run_processes import (
@@ -206,10 +194,6 @@ from ansible_collections.biv100.serving.plugins.module_utils._state_store import
     utc_timestamp,
     write_json,
 )
-
-
-# How often a run waiting for a later run's lock looks again.
-WAIT_INTERVAL = 0.2
 
 
 @contextlib.contextmanager
@@ -227,12 +211,6 @@ def serialised(state_dir):
         yield
     finally:
         os.close(fd)  # releases the flock
-
-
-def exclusive(module, state_dir):
-    """serialised(state_dir), but in check mode, which writes nothing and so has nothing to
-    serialise."""
-    return contextlib.nullcontext() if module.check_mode else serialised(state_dir)
 
 
 def lock_text(holder):
@@ -310,16 +288,12 @@ def refuse_while_it_runs(module, path, holder):
     )
 
 
-def acquire(module, path, ours, waiting):
-    """The result of taking the lock; None while `waiting` for a run begun after this one to give
-    it back."""
+def acquire(module, path, ours):
     holder = read_holder(path)
     if holder is not None:
         if holder.get("run_id") == ours["run_id"]:
             return dict(changed=False, holder=holder, msg="this run holds the lock")
         if not may_take_over(module.params, holder):
-            if waiting and begun_after(holder, ours):
-                return None
             module.fail_json(
                 msg="%s is held by %s" % (path, describe(holder)), lock=path, holder=holder
             )
@@ -327,11 +301,6 @@ def acquire(module, path, ours, waiting):
     if not module.check_mode:
         write_json(path, ours)
     return taken(path, ours, holder)
-
-
-def begun_after(holder, ours):
-    """Whether the holder's run began after ours, as their ids sort."""
-    return isinstance(holder.get("run_id"), str) and holder["run_id"] > ours["run_id"]
 
 
 def taken(path, ours, previous):
@@ -378,7 +347,6 @@ def main():
             playbook=dict(type="str"),
             release=dict(type="str"),
             break_lock=dict(type="bool", default=False),
-            wait_for_younger=dict(type="float", default=0),
             state_dir=dict(type="path", default=DEFAULT_STATE_DIR),
             # Set by the action of the same name: who runs the deployment, on which controller.
             _controller=dict(type="str"),
@@ -391,18 +359,14 @@ def main():
     params = module.params
     store = StateDir(params["state_dir"])
     path = store.lock
-    deadline = time.monotonic() + max(params["wait_for_younger"], 0)
+    # Check mode writes nothing, so it has nothing to serialise.
+    exclusive = contextlib.nullcontext() if module.check_mode else serialised(store.root)
     try:
-        while True:
-            # The flock is held only to look and write, never while waiting.
-            with exclusive(module, store.root):
-                if params["state"] == "absent":
-                    result = release(module, path, params["run_id"])
-                else:
-                    result = acquire(module, path, our_holder(params), time.monotonic() < deadline)
-            if result is not None:
-                break
-            time.sleep(WAIT_INTERVAL)
+        with exclusive:
+            if params["state"] == "absent":
+                result = release(module, path, params["run_id"])
+            else:
+                result = acquire(module, path, our_holder(params))
     except OSError as error:
         module.fail_json(msg="%s: %s" % (error.filename or path, error.strerror), lock=path)
     if not module._diff:

@@ -100,56 +100,6 @@ def test_a_lock_held_by_another_run_is_refused_naming_the_holder(lock, lock_path
     assert holder_in(lock_path) == OTHER
 
 
-class FakeClock:
-    """serving_lock's time: each sleep advances it, and may run `on_sleep` first."""
-
-    def __init__(self, on_sleep=None):
-        self.now, self.sleeps, self.on_sleep = 0.0, 0, on_sleep
-
-    def monotonic(self):
-        return self.now
-
-    def sleep(self, seconds):
-        self.sleeps += 1
-        self.now += seconds
-        if self.on_sleep:
-            self.on_sleep()
-
-
-YOUNGER = dict(OTHER, run_id="run-2")  # sorts after run-1: begun after this run
-
-
-def test_a_lock_held_by_a_run_begun_before_this_one_is_refused_without_waiting(lock, lock_path, monkeypatch):
-    clock = FakeClock()
-    monkeypatch.setattr(serving_lock, "time", clock)
-    held_by(lock_path, OTHER)
-    failed, result = lock(wait_for_younger=30)
-    assert failed and result["msg"].startswith("%s is held by run 20260508T221003Z-118 " % lock_path)
-    assert clock.sleeps == 0 and holder_in(lock_path) == OTHER
-
-
-def test_a_run_begun_after_this_one_is_waited_for_and_its_lock_taken_once_given_back(lock, lock_path, monkeypatch):
-    clock = FakeClock(on_sleep=lambda: clock.sleeps == 3 and lock_path.unlink())
-    monkeypatch.setattr(serving_lock, "time", clock)
-    held_by(lock_path, YOUNGER)
-    failed, result = lock(wait_for_younger=30)
-    assert not failed and result["changed"] is True and holder_in(lock_path)["run_id"] == "run-1"
-    assert clock.sleeps == 3
-
-
-def test_a_run_begun_after_this_one_that_keeps_the_lock_is_refused_after_the_wait(lock, lock_path, monkeypatch):
-    clock = FakeClock()
-    monkeypatch.setattr(serving_lock, "time", clock)
-    held_by(lock_path, YOUNGER)
-    failed, result = lock(wait_for_younger=2)
-    assert failed and "is held by run run-2 " in result["msg"] and holder_in(lock_path) == YOUNGER
-    # It looked until the wait was over, and no longer.
-    assert 2 <= clock.now < 2 + serving_lock.WAIT_INTERVAL * 1.01
-    # Without a wait it is refused at once, as any holder.
-    sleeps = clock.sleeps
-    assert lock()[0] and clock.sleeps == sleeps
-
-
 def test_break_lock_takes_it_over(lock, lock_path):
     held_by(lock_path, OTHER)
     failed, result = lock(break_lock=True)
