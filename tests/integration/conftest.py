@@ -28,10 +28,6 @@ HERE = Path(__file__).parent
 LONGEST_FIRST = ("test_real_engine", "test_deploy_playbook", "test_tune", "test_canary_analysis", "test_rollback",
                  "test_instances", "test_gates", "test_submission", "test_facts_playbook", "test_release_cycle",
                  "test_lab", "test_secrets")
-# The modules that run one at a time on the machine, whichever worker has them: the real engine
-# computes on a whole CPU for minutes, and the canary analysis judges the stand-in's timing, which
-# the lab's two cores cannot keep beside it.
-CPU_HEAVY_LOCK = Path("/tmp/biv100-integration-cpu-heavy.lock")
 
 
 def pytest_collection_modifyitems(items):
@@ -45,10 +41,13 @@ def pytest_collection_modifyitems(items):
 
 
 @pytest.fixture(scope="module")
-def one_cpu_heavy_module_at_a_time():
-    """Held by a module from before its lab is built until its last test ended: another module
-    using it, on the other pytest-xdist worker, waits until then (an flock, released with the
-    process should it die)."""
-    with open(CPU_HEAVY_LOCK, "w") as lock:
+def one_cpu_heavy_module_at_a_time(tmp_path_factory):
+    """For the modules that run one at a time, whichever worker has them: the real engine
+    computes on a whole CPU for minutes, and the canary analysis judges the stand-in's timing,
+    which the lab's two cores cannot keep beside it. Held by a module from before its lab is
+    built until its last test ended, another module using it waits until then: an flock on a
+    file of the test run's temporary folder (the workers' common parent), released with the
+    process should it die."""
+    with open(tmp_path_factory.getbasetemp().parent / "one-cpu-heavy-module.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         yield
