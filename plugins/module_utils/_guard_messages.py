@@ -10,7 +10,14 @@ Runs on the host: standard library only, Python 3.8.
 
 from __future__ import annotations
 
-from ansible_collections.biv100.serving.plugins.module_utils._model_layer import MODEL_LAYER, NEWLY_GUARDED, NOW_IGNORED, OVERLAID, UNIGNORED, is_digest, mismatch
+from ansible_collections.biv100.serving.plugins.module_utils._model_layer import (
+    MODEL_LAYER,
+    NEWLY_GUARDED,
+    NOW_IGNORED,
+    OVERLAID,
+    UNIGNORED,
+    is_digest,
+)
 
 
 # Enough of a digest to tell two files apart in a message; the result has the full digests.

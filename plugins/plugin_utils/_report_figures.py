@@ -23,7 +23,7 @@ import re
 from contextlib import contextmanager
 from dataclasses import dataclass
 
-from ansible_collections.biv100.serving.plugins.plugin_utils._report_ledger import ReportError, Row, marked, number
+from ansible_collections.biv100.serving.plugins.plugin_utils._report_ledger import ReportError, Row, number
 
 
 SCORE_PLOT = "score.png"

@@ -200,7 +200,7 @@ def _tune_figure(Figure, FigureCanvasAgg, Line2D, run: TuneRun, ledger_gates: li
     placed = [record for record in candidates if record.get("status") in (MEASURED, MISSED_GATE) and _placed(record)]
     flags = [_Simulated(bool(_tune_figures(record).get("simulated"))) for record in placed]
     axes.set_title(simulated_title(f"Tuning run {run.name}: weighted score against TTFT p99, "
-                                    f"{len(candidates)} candidates", flags), fontsize="medium")
+                                   f"{len(candidates)} candidates", flags), fontsize="medium")
     handles = []
     rounds = sorted({record["round"] for record in placed if isinstance(record.get("round"), int)})
     colours = {round_: TUNE_ROUND_COLOURS[index % len(TUNE_ROUND_COLOURS)] for index, round_ in enumerate(rounds)}

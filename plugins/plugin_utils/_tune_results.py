@@ -35,7 +35,6 @@ import json
 import math
 import os
 from datetime import datetime, timezone
-from pathlib import Path
 
 import yaml
 

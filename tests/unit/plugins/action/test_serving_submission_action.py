@@ -35,10 +35,12 @@ def host(name, installed=None, status="good", run=RUN):
     vendor = {CHAT: sha(VENDOR_CHAT.get(name, VENDOR_CHAT["h1"])), PARSER: None}
     record = {"id": "sub510", "status": status, "created_at": "2026-12-01T10:00:00Z",
               "digests": {path: sha(data) for path, data in installed.items()},
-              "engine": {"platform_run": run}, "vllm_version": "0.10.1.1",
+              "engine": {"instances": {"vllm": {"platform_run": run}}}, "vllm_version": "0.10.1.1",
               "mappings": [{"idea": "n>1 choices", "place": CHAT, "change": "file", "entry": "serving-chat"}],
-              "gates": {"bench": {"score": 8437.1, "output_tps": 9755.5, "gate": {"score": 8000, "passed": True},
-                                  "simulated": True}, "quality": None},
+              "gates": {"instances": {"vllm": {
+                  "bench": {"score": 8437.1, "output_tps": 9755.5, "gate": {"score": 8000, "passed": True},
+                            "simulated": True},
+                  "quality": None}}},
               "history": [{"status": status, "at": "2026-12-01T10:20:00Z", "reason": "75/75 probes passed"}]}
     return {"name": name, "interpreter": "/usr/local/corex/bin/python3",
             "export": {"release": "sub510", "status": status, "record": record,

@@ -110,7 +110,7 @@ def test_a_release_file_reached_through_a_link_is_drift_even_with_the_same_conte
 
 
 GATES = {"instances": {"vllm": {"bench": {"score": 8437.1, "simulated": True},
-                                 "quality": {"score": 0.969, "passed": True}}}}
+                                "quality": {"score": 0.969, "passed": True}}}}
 
 
 def good_predecessor(store, release="sub509", gates=None):
