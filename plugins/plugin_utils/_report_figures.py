@@ -217,18 +217,28 @@ def legend(axes, handles: list) -> None:
                 frameon=False)
 
 
-def _score_figure(Figure, FigureCanvasAgg, plotted, colours, markers, hollow):
-    points = plotted["score"]
+def _one_plot(Figure, FigureCanvasAgg, plotted, points, title: str, what: str):
+    """(figure, axes, releases, where) of a figure of one plot of `points` per release and host:
+    `where` is ({release: position}, {host: offset}), None when there is no point (the plot then
+    says it has no `what`)."""
     releases = _categories(plotted, points)
     figure = _new_figure(Figure, FigureCanvasAgg, releases, 4.8)
     axes = figure.add_subplot()
-    title = "Weighted score per release and host" + (f" ({_formula(plotted['weights'])})" if plotted["weights"] else "")
     axes.set_title(simulated_title(title, points), fontsize="medium")
     if not points:
-        _nothing(axes, "a benchmark score")
-        return figure
+        _nothing(axes, what)
+        return figure, axes, releases, None
     index = {release: position for position, release in enumerate(releases)}
-    offsets = _offsets(list(_by_host(points)))
+    return figure, axes, releases, (index, _offsets(list(_by_host(points))))
+
+
+def _score_figure(Figure, FigureCanvasAgg, plotted, colours, markers, hollow):
+    points = plotted["score"]
+    title = "Weighted score per release and host" + (f" ({_formula(plotted['weights'])})" if plotted["weights"] else "")
+    figure, axes, releases, where = _one_plot(Figure, FigureCanvasAgg, plotted, points, title, "a benchmark score")
+    if where is None:
+        return figure
+    index, offsets = where
     handles = []
     for host, own in _by_host(points).items():
         _scatter(axes, own, lambda point: index[point.release] + offsets[point.host], lambda point: point.value,
@@ -282,17 +292,12 @@ def _latency_figure(Figure, FigureCanvasAgg, plotted, markers, hollow, Line2D):
 
 def _quality_figure(Figure, FigureCanvasAgg, plotted, colours, markers, hollow, Patch):
     points = plotted["deviation"]
-    releases = _categories(plotted, points)
-    figure = _new_figure(Figure, FigureCanvasAgg, releases, 4.8)
-    axes = figure.add_subplot()
     baselines = plotted["baselines"]
     title = "Quality deviation from the baseline release" + (f" {', '.join(baselines)}" if baselines else "")
-    axes.set_title(simulated_title(title, points), fontsize="medium")
-    if not points:
-        _nothing(axes, "a quality deviation")
+    figure, axes, releases, where = _one_plot(Figure, FigureCanvasAgg, plotted, points, title, "a quality deviation")
+    if where is None:
         return figure
-    index = {release: position for position, release in enumerate(releases)}
-    offsets = _offsets(list(_by_host(points)))
+    index, offsets = where
     handles = []
     for bound in plotted["bounds"]:
         axes.axhspan(-100 * bound, 100 * bound, color="tab:green", alpha=0.12, zorder=1)
