@@ -52,6 +52,7 @@ from ansible_collections.biv100.serving.plugins.plugin_utils._tune_results impor
     changed_settings,
     read_candidates,
     read_records,
+    read_trials,
     write_proposal,
 )
 from ansible_collections.biv100.serving.plugins.plugin_utils._tune_search import (
@@ -112,7 +113,7 @@ ARGUMENT_SPEC = {
     # final
     "finalists": {"type": "int", "default": 2},
     # propose
-    "trials": {"type": "dict"},
+    "trials": {"type": "int"},
     "quality_margin": {"type": "float"},
 }
 # What each step needs besides step (and run_dir, which every step but plan needs).
@@ -314,8 +315,7 @@ class ActionModule(ActionBase):
         state = _read_run(run_dir)
         latest = read_candidates(run_dir / CANDIDATES_FILE, warn=display.warning)
         incumbent = incumbent_candidate(state["incumbent_settings"])
-        trials = {key: [bench for bench in benches or () if bench and "score" in bench]
-                  for key, benches in args["trials"].items()}
+        trials = read_trials(run_dir, args["trials"], latest)
         incumbent_record = latest.get(incumbent["id"]) or {}
         baseline = self._side(trials.get(incumbent["id"]), incumbent_record)
         judged = []

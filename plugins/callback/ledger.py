@@ -3,11 +3,13 @@
 # SPDX-License-Identifier: GPL-3.0-or-later
 """The deployment ledger: one JSON line per host per run, and a Markdown table made from them.
 
-It listens to the collection's own modules - what was staged, what the guard found, what the
-probes said, what the engine ran with, what was rolled back - and at the end of a run appends
-one line per host it saw to <ledger dir>/ledger.jsonl, then rewrites LEDGER.md from the whole
-file. The ledger dir is ledger/<fleet> at the project root (ledger/biv100 for -i inventory/biv100),
-so each fleet keeps its own record, outside its inventory folder: Ansible reads every file of an
+Each host's line is made from its run record (the fact the serving_run action writes at each
+phase boundary, plugins/plugin_utils/_run_record.py), with what only a callback sees: the first
+failure of a host that ends the run failed, and the task at which a host became unreachable. At
+the end of a run it appends one line per host that has a record (or per engine instance on a
+host of several) to <ledger dir>/ledger.jsonl, then rewrites LEDGER.md from the whole file.
+The ledger dir is ledger/<fleet> at the project root (ledger/biv100 for -i inventory/biv100), so
+each fleet keeps its own record, outside its inventory folder: Ansible reads every file of an
 inventory folder as an inventory source. serving_ledger_dir, BIV100_LEDGER_DIR or the ini key
 name another. Check-mode runs leave no line.
 """
@@ -30,8 +32,11 @@ description:
   - The end-of-run lines and the table keep one line per host; a failure in them is its first
     line, cut at 240 characters. The engine's environment, which holds the clients' key, is
     never recorded, and the value of an C(--api-key) argument is masked.
-  - Hosts on which no module of the collection ran (a facts-only run) get no line; check-mode
-    runs get none.
+  - Each line is made from the host's run record, the fact P(biv100.serving.serving_run#module)
+    writes at each phase boundary; a host without one (a facts-only run) gets no line, and a
+    check-mode run gets none.
+  - A failure is recorded when the host ends the run failed; one a block rescued (a tuning
+    candidate's that missed a gate) is the run's finding, which the record holds.
   - The ledger is kept outside the inventory folder, since Ansible reads every file of an
     inventory folder as an inventory source.
 requirements:
@@ -73,19 +78,17 @@ from ansible.plugins.callback import CallbackBase
 from ansible.template import Templar
 
 from ansible_collections.biv100.serving.plugins.module_utils._state_store import utc_timestamp
-from ansible_collections.biv100.serving.plugins.plugin_utils import _bench_record as bench_record
 from ansible_collections.biv100.serving.plugins.plugin_utils import _json_lines as json_lines
+from ansible_collections.biv100.serving.plugins.plugin_utils import _run_record as run_record
 from ansible_collections.biv100.serving.plugins.plugin_utils._atomic_file import write_atomic
-from ansible_collections.biv100.serving.plugins.plugin_utils._canary_analysis import canary_record
+from ansible_collections.biv100.serving.plugins.plugin_utils._figure_cells import figure_cells
 from ansible_collections.biv100.serving.plugins.plugin_utils._ledger_location import (
     LEDGER_FILE,
     LEDGER_VARIABLE,
     TABLE_FILE,
     ledger_home,
 )
-from ansible_collections.biv100.serving.plugins.plugin_utils._probe_summary import probe_summary
 from ansible_collections.biv100.serving.plugins.plugin_utils._project_folder import project_root
-from ansible_collections.biv100.serving.plugins.plugin_utils._report_ledger import figure_cells
 
 COLLECTION = "biv100.serving."
 
@@ -93,8 +96,8 @@ COLLECTION = "biv100.serving."
 # this long. ledger.jsonl keeps all of it, and a failed engine start's log tail beside it.
 SHOWN_FAILURE_CHARS = 240
 
-# Engine options whose value is a secret: the ledger records that they were given, not the value.
-SECRET_OPTIONS = ("--api-key",)
+# The host fact the serving_run action keeps each host's record of the run in.
+RUN_FACT = "serving_run"
 
 
 class CallbackModule(CallbackBase):
@@ -107,6 +110,9 @@ class CallbackModule(CallbackBase):
         super().__init__()
         self._playbook = None
         self._submission = None
+        # Per host, its run record as last written, and what only the callback sees: its first
+        # failure and where it became unreachable.
+        self._records: dict[str, dict] = {}
         self._hosts: dict[str, dict] = {}
         self._play = None
         # The play and host of the run's first task result: serving_ledger_dir as that host sees it.
@@ -134,57 +140,34 @@ class CallbackModule(CallbackBase):
 
     def _note(self, result, failed: bool) -> None:
         self._first = self._first or (self._play, result._host)
-        action = result._task.resolved_action or result._task.action or ""
+        host = result._host.get_name()
         answer = result._result
-        entry = self._hosts.setdefault(result._host.get_name(), {})
-        # A tuning run's candidate that fails to start or misses a gate is the search's finding,
-        # recorded by the run (tune_search), not the host's failure.
-        candidates_failure = entry.get("_phase") == TUNE_CANDIDATE_PHASE and action != f"{COLLECTION}tune_search"
-        if failed and "failure" not in entry and not candidates_failure:
+        record = (answer.get("ansible_facts") or {}).get(RUN_FACT)
+        if isinstance(record, dict):
+            # The host's run record as its last phase boundary left it: the line is made from it.
+            self._records[host] = record
+        entry = self._hosts.setdefault(host, {})
+        if failed and "failure" not in entry:
+            # Kept only if the host ends the run failed: a failure a block rescued (a tuning
+            # candidate's, say) is the run's finding, which its record holds.
             entry["failure"] = f"{result._task.get_name()}: {failure_message(answer)}"
             if answer.get("log_tail"):
                 # A failed engine start's own words, for the post-mortem.
                 entry["failure_log_tail"] = answer["log_tail"]
-        # The engine instance the next results are about, on a host that runs several: the one
-        # engine_process ran or checked, or the one the deploy's instance loop entered.
-        facts = answer.get("ansible_facts") or {}
-        focus = facts.get("serving_phase_instance")
-        if not action.startswith(COLLECTION):
-            if focus:
-                entry["_focus"] = focus
-            if facts.get("serving_phase"):
-                entry["_phase"] = facts["serving_phase"]
-            if facts.get("tune_phase"):
-                # The tune role's own steps, named with its variables' prefix.
-                entry["_phase"] = f"{TUNE_PHASE} {facts['tune_phase']}"
-            return
-        name = action[len(COLLECTION):]
-        if name == "engine_process" and answer.get("name"):
-            entry["_focus"] = answer["name"]
-        if entry.get("_phase") == CANARY_PHASE and name in MEASURING:
-            # The canary analysis' own measurements, its baseline's among them: the gates' figures
-            # stay those the release was proven with, and the analysis has its own line.
-            return
-        if entry.get("_phase") in (TUNE_PHASE, TUNE_CANDIDATE_PHASE) and name in (*MEASURING, "engine_process"):
-            # A tuning run's candidates: the release's figures and engine stay those it was
-            # proven with, and the run has its own line (the restore that ends it is recorded).
-            return
-        record = RECORDERS.get(name)
-        if record:
-            target = entry
-            if name in PER_INSTANCE and entry.get("_focus"):
-                target = entry.setdefault("_instances", {}).setdefault(entry["_focus"], {})
-            record(target, answer, failed)
 
     def v2_playbook_on_stats(self, stats):
         # Decided (and an old ledger moved out of the inventory) in every run, so that a facts-only
         # or check-mode run stops the inventory warnings too.
         directory = self._ledger_dir()
-        # Only hosts a module of the collection ran on: a facts-only run leaves no line.
+        # Only hosts with a run record: a facts-only run leaves no line.
+        failed_hosts = set(getattr(stats, "failures", {}) or {})
         seen = {}
-        for host, entry in self._hosts.items():
-            if set(entry) - {"failure", "unreachable", "_focus", "_phase"}:
-                seen.update(per_instance_lines(host, entry))
+        for host, record in self._records.items():
+            entry = self._hosts.get(host, {})
+            noted = {key: value for key, value in entry.items()
+                     if key == "unreachable" or host in failed_hosts}
+            for name, line in run_record.ledger_lines(record).items():
+                seen[name] = {**line, **noted}
         if not seen:
             return
         # The run's end, whatever stopped it (a failed canary ends the playbook early): each
@@ -230,136 +213,6 @@ class CallbackModule(CallbackBase):
                                   "where BIV100_LEDGER_DIR, ansible.cfg or the default puts it")
             return None
         return str(value) if value not in (None, "") else None
-
-
-# --- what each module says ---------------------------------------------------------------------
-
-
-def _staged(entry, answer, failed):
-    if "release" in answer and "payload_digest" in answer:
-        entry.update(release=answer["release"], payload_digest=answer["payload_digest"],
-                     files_changed=answer.get("changed_files", []),
-                     mappings=answer.get("mappings", []))
-
-
-def _guarded(entry, answer, failed):
-    entry["guard"] = ("FAILED: " if failed else "") + str(answer.get("msg", ""))[:300]
-
-
-def _probed(entry, answer, failed):
-    if "summary" in answer:
-        entry["probes"] = probe_summary(answer)
-        entry["failed_probes"] = answer.get("failed_probes", [])
-
-
-def _engine(entry, answer, failed):
-    argv = answer.get("command") or []
-    if argv:
-        # What follows the interpreter and `-m <module>` (or the program). The engine's
-        # environment, which holds the clients' key, is never recorded.
-        entry["engine_args"] = without_secrets(argv[3:] if argv[1:2] == ["-m"] else argv[1:])
-
-
-def without_secrets(arguments: list) -> list:
-    """The arguments with the value of every secret option replaced by a mask."""
-    shown = []
-    masks_next = False
-    for argument in arguments:
-        name, sep, _value = str(argument).partition("=")
-        if masks_next:
-            shown.append("********")
-        elif sep and name in SECRET_OPTIONS:
-            shown.append(f"{name}=********")
-        else:
-            shown.append(argument)
-        masks_next = not sep and argument in SECRET_OPTIONS
-    return shown
-
-
-def _marked(entry, answer, failed):
-    if answer.get("release") and not failed:
-        entry.update(release=answer["release"], state=answer.get("status"))
-
-
-def _rolled_back(entry, answer, failed):
-    if failed:
-        entry["rollback"] = f"FAILED: {str(answer.get('msg', ''))[:300]}"
-        return
-    entry["rollback"] = {"from": answer.get("from_release"), "to": answer.get("release") or "base",
-                         "files": answer.get("changed_files", [])}
-    entry.update(release=answer.get("release") or "base", state="rolled back")
-    # What the rollback measures next is the host's own again.
-    entry["_phase"] = "rollback"
-
-
-# The quality gate's figures, as the engine_quality action returns them at the top of its result
-# (the throughput gate's are bench_record's); `make report` draws them and LEDGER.md shows the
-# headline ones.
-QUALITY_KEYS = ("score", "cases", "correct", "baseline", "deviation", "bound", "passed", "simulated")
-
-
-def _benched(entry, answer, failed):
-    # A bench that missed the gate fails its task and still holds its figures.
-    if "score" in answer:
-        entry["bench"] = bench_record.kept(answer, per_request=False)
-
-
-def _scored(entry, answer, failed):
-    if "score" in answer:
-        entry["quality"] = {key: answer[key] for key in QUALITY_KEYS if key in answer}
-
-
-def _judged(entry, answer, failed):
-    record = canary_record(answer)
-    if record:
-        entry["canary"] = record
-
-
-def _tuned(entry, answer, failed):
-    # The proposal step alone says what the run found.
-    if isinstance(answer.get("tune"), dict):
-        entry["tune"] = answer["tune"]
-
-
-# The deploy's phase in which a host's measurements are the canary analysis', not its gates'.
-CANARY_PHASE = "canary"
-# tune.yml's phases: the run's, in which the engine runs and is measured with the candidates'
-# settings; and a candidate's, whose failures are what the search records of it.
-TUNE_PHASE = "tune"
-TUNE_CANDIDATE_PHASE = "tune candidate"
-MEASURING = ("engine_probe", "engine_bench", "engine_quality")
-# What each engine instance of a host has of its own; the rest (release, files, guard, rollback)
-# is the host's.
-PER_INSTANCE = ("engine_process", "engine_probe", "engine_bench", "engine_quality")
-
-
-def per_instance_lines(host: str, entry: dict) -> dict[str, dict]:
-    """{name: entry} of a host's ledger lines: one, named after the host, for a host that ran one
-    engine; one per instance, named <host>/<instance>, each with the host's
-    release and state, for a host that ran several."""
-    entry = dict(entry)
-    entry.pop("_focus", None)
-    entry.pop("_phase", None)
-    instances = entry.pop("_instances", {})
-    if len(instances) <= 1:
-        for own in instances.values():
-            entry.update(own)
-        return {host: entry}
-    return {f"{host}/{name}": {**entry, **own} for name, own in instances.items()}
-
-
-RECORDERS = {
-    "serving_overlay": _staged,
-    "model_guard": _guarded,
-    "engine_probe": _probed,
-    "engine_process": _engine,
-    "serving_release": _marked,
-    "serving_rollback": _rolled_back,
-    "engine_bench": _benched,
-    "engine_quality": _scored,
-    "canary_analysis": _judged,
-    "tune_search": _tuned,
-}
 
 
 def outcome_line(entry: dict | None) -> str:

@@ -138,7 +138,7 @@ EXAMPLES = r"""
     release: sub510
     state: good
     reason: 75/75 probes passed; quality 0.969; score 8437
-    gates: "{{ gates_record }}"
+    gates: "{{ gates_result.record }}"
     keep_good: 5
 
 - name: Keep the release for post-mortem, marked failed

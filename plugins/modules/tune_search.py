@@ -118,8 +118,12 @@ options:
     type: int
     default: 2
   trials:
-    description: For O(step=propose), the repeated bench results of each finalist and of the incumbent, by candidate id.
-    type: dict
+    description:
+      - For O(step=propose), how many times each finalist and the incumbent were benched again.
+        Their figures are read from the results files of C(<run_dir>/trials/<id>-<n>/), n from 1
+        to O(trials); a finalist whose final trials failed (its latest record is of no round) has
+        none.
+    type: int
   quality_margin:
     description:
       - For O(step=propose), the drop of the quality score the judge allows.

@@ -17,6 +17,7 @@ changes no file and a committed report shows no spurious diff. What it draws com
 from __future__ import annotations
 
 from ansible_collections.biv100.serving.plugins.plugin_utils import _templates
+from ansible_collections.biv100.serving.plugins.plugin_utils._figure_cells import SIM, figure_cells
 from ansible_collections.biv100.serving.plugins.plugin_utils._report_canary import Analysis, analyses, canary_cells, canary_figure
 from ansible_collections.biv100.serving.plugins.plugin_utils._report_figures import (
     LATENCIES,
@@ -30,7 +31,7 @@ from ansible_collections.biv100.serving.plugins.plugin_utils._report_figures imp
     png,
     series,
 )
-from ansible_collections.biv100.serving.plugins.plugin_utils._report_ledger import SIM, Row, figure_cells, gate_cells, rows
+from ansible_collections.biv100.serving.plugins.plugin_utils._report_ledger import Row, gate_cells, rows
 from ansible_collections.biv100.serving.plugins.plugin_utils._report_tuning import TUNE_TABLE_COLUMNS, TuneRun, tune_cells, tune_figure
 
 INDEX = "index.html"

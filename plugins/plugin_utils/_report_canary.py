@@ -17,8 +17,9 @@ import json
 from dataclasses import dataclass
 
 from ansible_collections.biv100.serving.plugins.plugin_utils._canary_judge import LEAST_CONFIDENCE
+from ansible_collections.biv100.serving.plugins.plugin_utils._figure_cells import marked, number
 from ansible_collections.biv100.serving.plugins.plugin_utils._report_figures import DPI, SIMULATED_NOTE, drawing, matplotlib_classes, plot_name
-from ansible_collections.biv100.serving.plugins.plugin_utils._report_ledger import marked, measured_release, number
+from ansible_collections.biv100.serving.plugins.plugin_utils._report_ledger import measured_release
 
 
 CANARY_PLOT_PREFIX = "canary-"

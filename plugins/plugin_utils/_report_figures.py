@@ -23,7 +23,8 @@ import re
 from contextlib import contextmanager
 from dataclasses import dataclass
 
-from ansible_collections.biv100.serving.plugins.plugin_utils._report_ledger import ReportError, Row, number
+from ansible_collections.biv100.serving.plugins.plugin_utils._figure_cells import number
+from ansible_collections.biv100.serving.plugins.plugin_utils._report_ledger import ReportError, Row
 
 
 SCORE_PLOT = "score.png"

@@ -9,8 +9,8 @@ the throughput gate) and `quality` (the engine_quality action's score, its basel
 deviation, the ±bound). rows(lines) makes one row per release and host, releases in the order
 they first appear in the ledger, each figure taken from the last line of that release and host
 that has it (a verify run adds lines without figures; they must not blank the deploy's).
-figure_cells and gate_cells format a row's figures for the report's page and for LEDGER.md (the
-ledger callback), a simulated figure marked "(sim)".
+gate_cells formats a row's verdicts for the report's page (_figure_cells.py its figures, for
+LEDGER.md too).
 """
 
 from __future__ import annotations
@@ -19,9 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ansible_collections.biv100.serving.plugins.plugin_utils import _json_lines as json_lines
-
-
-SIM = "(sim)"
+from ansible_collections.biv100.serving.plugins.plugin_utils._figure_cells import figures_of, marked, number
 
 
 class ReportError(ValueError):
@@ -39,18 +37,6 @@ def load_ledger(path: Path, warn=None) -> list[dict]:
         if not isinstance(line, dict):
             raise ReportError(f"{path}: line {line_number}: not a JSON object")
     return [line for _number, line in numbered]
-
-
-def number(value) -> float | None:
-    """value as a float when it is a number (a bool is not one), else None."""
-    if isinstance(value, (int, float)) and not isinstance(value, bool):
-        return float(value)
-    return None
-
-
-def figures_of(value) -> dict | None:
-    """A bench or quality record that has its score, else None (an absent or broken one)."""
-    return value if isinstance(value, dict) and number(value.get("score")) is not None else None
 
 
 def measured_release(line: dict) -> str | None:
@@ -105,33 +91,6 @@ def rows(lines: list[dict]) -> list[Row]:
     order = {release: index for index, release in enumerate(releases)}
     # dicts keep insertion order, so hosts stay in order of first appearance within a release.
     return sorted(found.values(), key=lambda row: order[row.release])
-
-
-def marked(text: str, simulated) -> str:
-    return f"{text} {SIM}" if simulated else text
-
-
-def figure_cells(bench, quality) -> tuple[str, str, str, str]:
-    """score, output tok/s, TTFT p99 and quality as a table shows them: blank when absent,
-    marked (sim) when simulated. LEDGER.md and the report's page share them."""
-    score = output = ttft = shown_quality = ""
-    bench = figures_of(bench)
-    if bench:
-        simulated = bench.get("simulated")
-        score = marked(f"{number(bench['score']):.0f}", simulated)
-        if number(bench.get("output_tps")) is not None:
-            output = marked(f"{number(bench['output_tps']):.1f}", simulated)
-        p99 = number((bench.get("ttft_ms") or {}).get("p99")) if isinstance(bench.get("ttft_ms"), dict) else None
-        if p99 is not None:
-            ttft = marked(f"{p99:.1f} ms", simulated)
-    quality = figures_of(quality)
-    if quality:
-        text = f"{number(quality['score']):.3f}"
-        deviation = number(quality.get("deviation"))
-        if deviation is not None:
-            text += f", {100 * deviation:+.1f} %"
-        shown_quality = marked(text, quality.get("simulated"))
-    return score, output, ttft, shown_quality
 
 
 def gate_cells(row: Row) -> list[tuple[str, bool | None, str]]:

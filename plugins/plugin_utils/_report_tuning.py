@@ -18,6 +18,7 @@ from pathlib import Path
 
 import yaml
 
+from ansible_collections.biv100.serving.plugins.plugin_utils._figure_cells import marked, number
 from ansible_collections.biv100.serving.plugins.plugin_utils._report_figures import (
     DPI,
     SIMULATED_NOTE,
@@ -28,7 +29,7 @@ from ansible_collections.biv100.serving.plugins.plugin_utils._report_figures imp
     plot_name,
     simulated_title,
 )
-from ansible_collections.biv100.serving.plugins.plugin_utils._report_ledger import ReportError, marked, number
+from ansible_collections.biv100.serving.plugins.plugin_utils._report_ledger import ReportError
 from ansible_collections.biv100.serving.plugins.plugin_utils._tune_results import (
     FAILED_TO_START,
     INVALID,

@@ -40,7 +40,7 @@ from dataclasses import dataclass, field, replace
 from ansible_collections.biv100.serving.plugins.module_utils._serving_layer import in_serving_layer
 from ansible_collections.biv100.serving.plugins.module_utils._vllm_layout import PROTECTED_LOCATIONS
 from ansible_collections.biv100.serving.plugins.plugin_utils import _patch_ops, _templates
-from ansible_collections.biv100.serving.plugins.plugin_utils._report_ledger import SIM, number
+from ansible_collections.biv100.serving.plugins.plugin_utils._figure_cells import SIM, number
 
 RUN_FILE = "computility-run.yaml"
 SCRIPT = "patch_ops.sh"

@@ -8,6 +8,8 @@ Controller side only.
     candidates.jsonl   one line per candidate run (the same candidate again in each round it
                        runs), and one per invalid candidate
     memory.jsonl       one line per start of the memory step-down
+    trials/<id>-<n>/   the results file of each finalist's (and the incumbent's) n-th trial, as
+                       engine_bench writes it (<release>/<label>.json)
     proposal.yml       the extra vars that deploy the best candidate: deploy.yml -e @proposal.yml
 
 A record:
@@ -49,6 +51,8 @@ FAILED_TO_START = "failed_to_start"  # out of memory, a crash or no health in ti
 INVALID = "invalid"  # refused by the deploy's checks: never started
 STARTED = "started"  # the memory step-down: it started, nothing was measured
 STATUSES = (MEASURED, MISSED_GATE, FAILED_TO_START, INVALID, STARTED)
+# The folder of the finalists' trials, one results folder per trial: <id>-<n>.
+TRIALS_FOLDER = "trials"
 # The figures a record keeps of a bench result: (name, where in engine_bench's figures).
 FIGURES = (
     *bench_record.HEADLINE,
@@ -139,6 +143,40 @@ def read_candidates(path: str | os.PathLike, warn=None) -> dict[str, dict]:
     """{id: the last record of that candidate} of the results file: the candidates a resumed run
     has measured already, with their latest figures."""
     return {record["id"]: record for record in read_records(path, warn)}
+
+
+def read_trials(run_dir: str | os.PathLike, count: int, latest: dict[str, dict]) -> dict[str, list[dict]]:
+    """{id: the figures of its trials 1 to count, in order} from <run_dir>/trials/<id>-<n>/: a
+    candidate whose latest record is a failure of no round (a finalist that failed its final
+    trials) has none, nor one the run does not know. A results file that is not a JSON object
+    with a score is left out."""
+    folder = os.path.join(run_dir, TRIALS_FOLDER)
+    if not os.path.isdir(folder):
+        return {}
+    found: dict[str, list[tuple[int, dict]]] = {}
+    for name in sorted(os.listdir(folder)):
+        key, sep, number = name.rpartition("-")
+        record = latest.get(key) or {}
+        if not sep or not number.isdigit() or not 1 <= int(number) <= count or not record:
+            continue
+        if record.get("round") is None and record.get("status") != MEASURED:
+            continue
+        for base, _folders, files in sorted(os.walk(os.path.join(folder, name))):
+            for file_name in sorted(files):
+                if file_name.endswith(".json"):
+                    figures = _read_json(os.path.join(base, file_name))
+                    if isinstance(figures, dict) and _is_number(figures.get("score")):
+                        found.setdefault(key, []).append((int(number), figures))
+    return {key: [figures for _number, figures in sorted(trials, key=lambda trial: trial[0])]
+            for key, trials in found.items()}
+
+
+def _read_json(path: str):
+    try:
+        with open(path, encoding="utf-8") as stream:
+            return json.load(stream)
+    except (OSError, ValueError):
+        return None
 
 
 def _check(record, where: str) -> None:

@@ -17,6 +17,7 @@ from ansible.parsing.dataloader import DataLoader
 from ansible.template import Templar
 
 from ansible_collections.biv100.serving.plugins.action import tune_search
+from ansible_collections.biv100.serving.plugins.plugin_utils._tune_results import read_candidates, read_trials
 
 INCUMBENT = {"engine_args": {"max_num_seqs": 2, "max_num_batched_tokens": 4096, "gpu_memory_utilization": 0.95},
              "engine_allocator": {"max_split_size_mb": 512}, "engine_env": {}}
@@ -120,9 +121,33 @@ def finals(tmp_path, incumbent_scores, other_scores, other_ttft=100.0):
     record(tmp_path, folder, other, bench=bench(other_scores[0], other_ttft), quality=QUALITY, probes=PROBES)
     final = run_step("final", tmp_path, run_dir=folder)
     assert [candidate["id"] for candidate in final["measure"]] == [incumbent["id"], other["id"]]
-    trials = {incumbent["id"]: [bench(score) for score in incumbent_scores],
-              other["id"]: [bench(score, other_ttft) for score in other_scores]}
-    return folder, other, run_step("propose", tmp_path, run_dir=folder, trials=trials)
+    write_trials(folder, incumbent["id"], [bench(score) for score in incumbent_scores])
+    write_trials(folder, other["id"], [bench(score, other_ttft) for score in other_scores])
+    return folder, other, run_step("propose", tmp_path, run_dir=folder, trials=len(other_scores))
+
+
+def write_trials(folder, key, benches):
+    """Each trial's results file, where the gates role's bench writes it: <run>/trials/<id>-<n>/<release>/<label>.json."""
+    for number, figures in enumerate(benches, start=1):
+        path = Path(folder) / "trials" / f"{key}-{number}" / "sub510" / "h1.json"
+        path.parent.mkdir(parents=True)
+        path.write_text(json.dumps(figures))
+
+
+def test_the_judge_reads_the_trials_asked_for_and_none_of_a_finalist_that_failed_them(tmp_path):
+    folder = plan(tmp_path)["run_dir"]
+    incumbent, other = run_step("round", tmp_path, run_dir=folder, round=1)["pending"]
+    record(tmp_path, folder, incumbent, bench=bench(10000.0), quality=QUALITY, probes=PROBES)
+    record(tmp_path, folder, other, bench=bench(15000.0), quality=QUALITY, probes=PROBES)
+    write_trials(folder, incumbent["id"], [bench(10000.0), bench(10010.0), bench(1.0)])
+    write_trials(folder, other["id"], [bench(15000.0)])
+    latest = read_candidates(Path(folder) / "candidates.jsonl")
+
+    trials = read_trials(folder, 2, latest)
+    assert [figures["score"] for figures in trials[incumbent["id"]]] == [10000.0, 10010.0]
+    run_step("record", tmp_path, run_dir=folder, candidate=other, status="missed_gate", factor=1.0,
+             failure="on its final trials: throughput gate: score 7000 < 8000")
+    assert list(read_trials(folder, 2, read_candidates(Path(folder) / "candidates.jsonl"))) == [incumbent["id"]]
 
 
 def test_a_finalist_that_misses_a_gate_on_its_trials_is_recorded_so_and_is_never_a_finalist_again(tmp_path):

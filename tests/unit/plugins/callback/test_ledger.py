@@ -17,7 +17,9 @@ from ansible_collections.biv100.serving.plugins.callback.ledger import (
     outcome_line,
     write_table,
 )
+from ansible_collections.biv100.serving.plugins.plugin_utils import _bench_record as bench_record
 from ansible_collections.biv100.serving.plugins.plugin_utils import _json_lines as json_lines
+from ansible_collections.biv100.serving.plugins.plugin_utils import _run_record as run_record
 from ansible_collections.biv100.serving.plugins.plugin_utils._ledger_location import ledger_home
 from ansible_collections.biv100.serving.plugins.plugin_utils._project_folder import project_root
 
@@ -91,28 +93,36 @@ def test_the_table_shows_score_output_rate_ttft_p99_and_quality_after_the_probes
     assert all(len(row) == len(columns) for row in cells)
 
 
+def gates_result(bench=None, quality=None):
+    """The gates role's result: its verdicts and the figures it measured."""
+    return {"verdicts": [{"gate": "throughput", "passed": True, "summary": "score 8412 >= 8000"}],
+            "record": {"bench": bench_record.kept(bench) if bench else None,
+                       "quality": {key: value for key, value in quality.items() if key not in ("changed", "msg")}
+                       if quality else None}}
+
+
 def test_the_bench_and_quality_results_are_recorded_with_the_contracts_keys(ledger):
-    ledger.v2_runner_on_ok(task_result("h1", "Stage the payload", "biv100.serving.serving_overlay",
-                                       {"release": "sub511", "payload_digest": "ab12", "changed_files": []}))
-    ledger.v2_runner_on_ok(task_result("h1", "Benchmark the engine", "biv100.serving.engine_bench", BENCH_RESULT))
-    ledger.v2_runner_on_ok(task_result("h1", "Score the quality set", "biv100.serving.engine_quality",
-                                       QUALITY_RESULT))
-    # A bench that misses the gate fails its task and still holds its figures.
+    ledger.record("h1", phase="gates", instance="vllm", staged=STAGED)
+    ledger.record("h1", gated=gates_result(BENCH_RESULT, QUALITY_RESULT))
+    # A bench that misses the gate is recorded, then the gates fail the host.
     missed = {**BENCH_RESULT, "score": 6120.0, "gate": {"score": 8000, "passed": False}, "failed": True,
               "msg": "score 6120 < 8000"}
-    ledger.v2_runner_on_failed(task_result("h2", "Benchmark the engine", "biv100.serving.engine_bench", missed))
-    # One that failed before it measured anything records no figures.
+    ledger.record("h2", phase="gates", instance="vllm", staged=STAGED)
+    ledger.record("h2", gated=gates_result(missed))
+    ledger.v2_runner_on_failed(task_result("h2", "Hold the release to every gate", "ansible.builtin.assert",
+                                           {"failed": True, "msg": "throughput gate: score 6120 < 8000"}))
+    # One whose bench failed before it measured anything records no figures.
+    ledger.record("h3", phase="gates", instance="vllm", guarded={"msg": "ok"})
     ledger.v2_runner_on_failed(task_result("h3", "Benchmark the engine", "biv100.serving.engine_bench",
                                            {"failed": True, "msg": "engine not answering"}))
-    ledger.v2_runner_on_ok(task_result("h3", "Guard the model layer", "biv100.serving.model_guard", {"msg": "ok"}))
 
-    first, second, third = ledger.end("h1", "h2", "h3")
+    first, second, third = ledger.end("h1", "h2", "h3", failed=("h2", "h3"))
 
     assert first["bench"] == {key: value for key, value in BENCH_RESULT.items() if key not in ("changed", "msg")}
     assert first["quality"] == {key: value for key, value in QUALITY_RESULT.items() if key not in ("changed", "msg")}
     assert second["bench"]["gate"] == {"score": 8000, "passed": False} and "failed" not in second["bench"]
-    assert second["failure"] == "Benchmark the engine: score 6120 < 8000"
-    assert "bench" not in third and "quality" not in third
+    assert second["failure"] == "Hold the release to every gate: throughput gate: score 6120 < 8000"
+    assert "bench" not in third and "quality" not in third and third["guard"] == "ok"
 
 
 def test_the_end_of_run_line_says_release_state_rollback_and_failure():
@@ -191,35 +201,45 @@ def task_result(host, task, action, answer):
 
 @pytest.fixture
 def ledger(tmp_path):
-    """A ledger callback that writes under tmp_path, and end(hosts) ending its run."""
+    """A ledger callback that writes under tmp_path; record(host, **boundary) writes a phase
+    boundary into the host's run record as the serving_run action does; end(*hosts, failed=())
+    ends the run, the hosts named in failed having ended it failed."""
     callback = CallbackModule()
     callback.get_option = lambda name: str(tmp_path)
     callback._playbook = "deploy.yml"
+    records = {}
 
-    def end(*hosts):
-        callback.v2_playbook_on_stats(Named("", processed=dict.fromkeys(hosts, 1)))
+    def record(host, **boundary):
+        records[host] = run_record.update(records.get(host), run="r1", host=host, **boundary)
+        callback.v2_runner_on_ok(task_result(host, "Record the phase", "biv100.serving.serving_run",
+                                             {"changed": False, "ansible_facts": {"serving_run": records[host]}}))
+
+    def end(*hosts, failed=()):
+        callback.v2_playbook_on_stats(Named("", processed=dict.fromkeys(hosts, 1), failures=dict.fromkeys(failed, 1)))
         return read_lines(tmp_path / "ledger.jsonl")
 
+    callback.record = record
     callback.end = end
     return callback
+
+
+STAGED = {"release": "sub511", "payload_digest": "ab12", "changed_files": [], "changed": False}
 
 
 def test_the_json_line_keeps_the_whole_failure_and_the_run_ends_with_one_line_per_host(ledger, capsys):
     tail = ["ERROR 11-29 18:00:04 [engine.py:412] Engine failed to start",
             "Traceback (most recent call last):", "RuntimeError: CUDA error: out of memory"]
-    ledger.v2_runner_on_ok(task_result("h1", "Stage the payload", "biv100.serving.serving_overlay",
-                                       {"release": "sub511", "payload_digest": "ab12", "changed_files": []}))
+    ledger.record("h1", phase="engine", staged=STAGED)
     ledger.v2_runner_on_failed(task_result("h1", "Wait until the engine serves the model",
                                            "biv100.serving.engine_health", {
                                                "msg": "engine process 4711 ended; log tail (3 lines of "
                                                       "/var/log/biv100-serving/engine.log) in log_tail",
                                                "log_tail": tail}))
-    ledger.v2_runner_on_ok(task_result("h2", "Stage the payload", "biv100.serving.serving_overlay",
-                                       {"release": "sub511", "payload_digest": "ab12", "changed_files": []}))
+    ledger.record("h2", phase="engine", staged=STAGED)
     ledger.v2_runner_on_failed(task_result("h2", "Check", "ansible.builtin.assert",
                                            {"msg": MULTI_LINE_FAILURE + "\n" + "x" * 5000}))
 
-    first, second = ledger.end("h1", "h2", "h3")
+    first, second = ledger.end("h1", "h2", "h3", failed=("h1", "h2"))
 
     assert first["failure_log_tail"] == tail and first["failure"].endswith(" in log_tail")
     assert second["failure"] == "Check: " + MULTI_LINE_FAILURE + "\n" + "x" * 5000
@@ -234,8 +254,7 @@ def test_the_json_line_keeps_the_whole_failure_and_the_run_ends_with_one_line_pe
 
 
 def test_a_failed_loop_is_recorded_by_its_first_failed_item_named_by_its_label(ledger):
-    ledger.v2_runner_on_ok(task_result("h1", "Stage the payload", "biv100.serving.serving_overlay",
-                                       {"release": "sub511", "payload_digest": "ab12", "changed_files": []}))
+    ledger.record("h1", phase="stage", staged=STAGED)
     held = "/var/lib/biv100-serving/lock is held by run R (bob@ci, pid 7) since T"
     ledger.v2_runner_on_failed(task_result("h1", "Take each host's lock", "biv100.serving.serving_lock", {
         "msg": "One or more items failed",
@@ -244,7 +263,7 @@ def test_a_failed_loop_is_recorded_by_its_first_failed_item_named_by_its_label(l
                      "serving_hold_host": "h2"},
                     {"failed": True, "msg": "never shown", "_ansible_item_label": "h3"}]}))
 
-    (line,) = ledger.end("h1")
+    (line,) = ledger.end("h1", failed=("h1",))
 
     assert line["failure"] == f"Take each host's lock: h2: {held}"
 
@@ -257,8 +276,8 @@ SECRET = "sk-biv100-ledger-77aa88bb"
 def test_the_ledger_records_the_engines_arguments_and_never_its_key(ledger, tmp_path):
     argv = ["/usr/bin/python3", "-m", "vllm.entrypoints.openai.api_server", "--port", "8000",
             f"--api-key={SECRET}", "--api-key", SECRET]
-    ledger.v2_runner_on_ok(task_result("h1", "Run the engine", "biv100.serving.engine_process", {
-        "command": argv, "env": {"VLLM_API_KEY": SECRET}, "action": "start"}))
+    ledger.record("h1", phase="engine", instance="vllm",
+                  engine={"command": argv, "env": {"VLLM_API_KEY": SECRET}, "action": "start", "changed": True})
 
     [line] = ledger.end("h1")
 
@@ -268,8 +287,7 @@ def test_the_ledger_records_the_engines_arguments_and_never_its_key(ledger, tmp_
 
 
 def test_a_host_lost_mid_run_is_recorded_and_shown_unreachable_where_it_was_lost(ledger, capsys):
-    ledger.v2_runner_on_ok(task_result("h2", "Guard the model layer", "biv100.serving.model_guard",
-                                       {"guard": {"checked": 1200, "mismatches": []}, "msg": "ok"}))
+    ledger.record("h2", phase="stage", guarded={"guard": {"checked": 1200, "mismatches": []}, "msg": "ok"})
     ledger.v2_runner_on_unreachable(task_result("h2", "Stage the payload", "biv100.serving.serving_overlay",
                                                 {"msg": "Failed to connect to the host via ssh: Connection refused",
                                                  "unreachable": True}))
@@ -312,15 +330,23 @@ def test_the_ledger_is_at_the_project_root_in_a_folder_named_after_the_fleet(tmp
 # --- real runs: the ledger never warns as an inventory ---------------------------------------------
 
 PLAYBOOK = """\
-- name: Guard a package, which gives every host a ledger line
+- name: Guard a package and record it, which gives every host a ledger line
   hosts: all
   gather_facts: false
+  vars:
+    serving_run_id: unit-run
   tasks:
     - name: Guard the model layer
       biv100.serving.model_guard:
         package_root: "{{ guarded_package }}"
         state_dir: "{{ guarded_state }}"
         phase: unit
+      register: guard_result
+
+    - name: Record what the guard found
+      biv100.serving.serving_run:
+        phase: done
+        guarded: "{{ guard_result }}"
 """
 
 
@@ -396,21 +422,17 @@ def test_serving_ledger_dir_names_the_folder_over_the_environment_and_an_extra_v
 
 
 def test_each_instance_of_a_host_gets_its_line_named_host_slash_instance(ledger, capsys):
-    ledger.v2_runner_on_ok(task_result("h5", "Stage the payload", "biv100.serving.serving_overlay",
-                                       {"release": "sub511", "payload_digest": "ab12", "changed_files": ["a.py"]}))
+    ledger.record("h5", phase="stage", staged={**STAGED, "changed_files": ["a.py"]})
     for name, port in (("vllm-1", "8000"), ("vllm-2", "8001")):
-        ledger.v2_runner_on_ok(task_result("h5", "Run the engine", "biv100.serving.engine_process", {
-            "name": name, "command": ["/usr/bin/python3", "-m", "vllm.entrypoints.openai.api_server", "--port", port]}))
-        ledger.v2_runner_on_ok(task_result("h5", "Probe", "biv100.serving.engine_probe",
-                                           {"summary": f"75/75 probes passed on {name}", "probes": []}))
-        ledger.v2_runner_on_ok(task_result("h5", "Bench", "biv100.serving.engine_bench", {**BENCH_RESULT}))
-    ledger.v2_runner_on_ok(task_result("h5", "Mark good", "biv100.serving.serving_release",
-                                       {"release": "sub511", "status": "good"}))
+        ledger.record("h5", phase="engine", instance={"name": name, "label": f"h5/{name}"}, engine={
+            "name": name, "command": ["/usr/bin/python3", "-m", "vllm.entrypoints.openai.api_server", "--port", port]})
+        ledger.record("h5", phase="gates", probed={"summary": f"75/75 probes passed on {name}", "probes": []})
+        ledger.record("h5", gated=gates_result(BENCH_RESULT))
+    ledger.record("h5", phase="done", marked={"release": "sub511", "status": "good"})
     # A host of one engine has one line, named after the host.
-    ledger.v2_runner_on_ok(task_result("h1", "Run the engine", "biv100.serving.engine_process", {
-        "name": "vllm", "command": ["/usr/bin/python3", "-m", "vllm.entrypoints.openai.api_server"]}))
-    ledger.v2_runner_on_ok(task_result("h1", "Probe", "biv100.serving.engine_probe",
-                                       {"summary": "75/75 probes passed", "probes": []}))
+    ledger.record("h1", phase="engine", instance="vllm", engine={
+        "name": "vllm", "command": ["/usr/bin/python3", "-m", "vllm.entrypoints.openai.api_server"]})
+    ledger.record("h1", phase="gates", probed={"summary": "75/75 probes passed", "probes": []})
 
     lines = ledger.end("h1", "h5")
 
@@ -424,24 +446,17 @@ def test_each_instance_of_a_host_gets_its_line_named_host_slash_instance(ledger,
     assert "75/75 probes passed on vllm-2" in shown[2]
 
 
-def test_the_canary_analysis_has_its_own_line_and_its_measurements_are_not_the_gates(ledger, capsys):
-    ledger.v2_runner_on_ok(task_result("h1", "Stage the payload", "biv100.serving.serving_overlay",
-                                       {"release": "sub511", "payload_digest": "ab12", "changed_files": []}))
-    ledger.v2_runner_on_ok(task_result("h1", "Benchmark the engine", "biv100.serving.engine_bench", BENCH_RESULT))
-    ledger.v2_runner_on_ok(task_result("h1", "Enter the canary phase", "ansible.builtin.set_fact",
-                                       {"ansible_facts": {"serving_phase": "canary", "serving_phase_instance": ""}}))
-    # The analysis' own runs, its baseline's among them, measured other figures.
-    ledger.v2_runner_on_ok(task_result("h1", "Follow the baseline's benches", "biv100.serving.engine_bench",
-                                       {**BENCH_RESULT, "score": 1.0}))
-    ledger.v2_runner_on_ok(task_result("h1", "Probe the baseline", "biv100.serving.engine_probe",
-                                       {"summary": "1/2 probes passed", "probes": []}))
+def test_the_canary_analysis_is_kept_on_the_canarys_line_beside_the_gates_figures(ledger, capsys):
+    ledger.record("h1", phase="gates", instance="vllm", staged=STAGED)
+    ledger.record("h1", gated=gates_result(BENCH_RESULT))
+    ledger.record("h1", phase="canary", instance="")
     metric = {"name": "score", "group": "throughput", "better": "higher", "margin_pct": 2.0, "critical": True,
               "classification": "Low", "conclusive": True, "shift_pct": -8.8, "interval_pct": [-9.3, -8.3],
               "confidence": 0.9, "p_value": 0.1, "u": 0.0, "canary": {"count": 3}, "baseline": {"count": 3}}
-    ledger.v2_runner_on_ok(task_result("h1", "Judge the canary", "biv100.serving.canary_analysis", {
+    ledger.record("h1", canary={
         "verdict": "fail", "score": 0.0, "accepted": False, "promote": False, "trials": 3, "simulated": True,
         "baseline": {"host": "h2", "kind": "same window", "release": "sub510"}, "thresholds": {"pass": 75, "marginal": 50},
-        "reasons": ["score -8.8 % [-9.3, -8.3] (90 % interval) < -2 %"], "metrics": [metric], "msg": "h1: ..."}))
+        "reasons": ["score -8.8 % [-9.3, -8.3] (90 % interval) < -2 %"], "metrics": [metric], "msg": "h1: ..."})
 
     (line,) = ledger.end("h1")
 
@@ -454,24 +469,15 @@ def test_the_canary_analysis_has_its_own_line_and_its_measurements_are_not_the_g
 
 
 def test_a_tuning_run_has_its_own_line_and_its_candidates_are_neither_the_engine_nor_a_failure(ledger, capsys):
-    ledger.v2_runner_on_ok(task_result("h1", "Read the release", "biv100.serving.serving_release",
-                                       {"release": "sub510", "status": "good"}))
-    ledger.v2_runner_on_ok(task_result("h1", "Enter the candidate phase", "ansible.builtin.set_fact",
-                                       {"ansible_facts": {"tune_phase": "candidate"}}))
-    ledger.v2_runner_on_ok(task_result("h1", "Run the engine", "biv100.serving.engine_process", {
-        "name": "vllm", "command": ["/usr/bin/python3", "-m", "vllm.entrypoints.openai.api_server", "--max-num-seqs", "8"]}))
-    ledger.v2_runner_on_ok(task_result("h1", "Bench", "biv100.serving.engine_bench", {**BENCH_RESULT, "score": 31000.0}))
+    ledger.record("h1", phase="tune", marked={"release": "sub510", "status": "good"})
     # A candidate that missed a gate is the search's finding, recorded by the run, not the host's failure.
     ledger.v2_runner_on_failed(task_result("h1", "Hold the release to every gate", "ansible.builtin.assert",
                                            {"failed": True, "msg": "functional gate: 73/75 probes passed"}))
     tuned = {"run": "r1", "space": "default", "measured": 24, "candidates": 24, "proposed": "cd92cddae13",
              "incumbent": "c7088e12f1b", "msg": "h1: tune proposes cd92cddae13"}
-    ledger.v2_runner_on_ok(task_result("h1", "Judge the finalists", "biv100.serving.tune_search",
-                                       {"proposed": True, "tune": tuned}))
-    ledger.v2_runner_on_ok(task_result("h1", "Enter the restore phase", "ansible.builtin.set_fact",
-                                       {"ansible_facts": {"tune_phase": "restore"}}))
-    ledger.v2_runner_on_ok(task_result("h1", "Run the engine", "biv100.serving.engine_process", {
-        "name": "vllm", "command": ["/usr/bin/python3", "-m", "vllm.entrypoints.openai.api_server", "--max-num-seqs", "2"]}))
+    # What the host runs again after the run, and what the run found.
+    ledger.record("h1", phase="done", instance="vllm", tuned={"proposed": True, "tune": tuned}, engine={
+        "name": "vllm", "command": ["/usr/bin/python3", "-m", "vllm.entrypoints.openai.api_server", "--max-num-seqs", "2"]})
 
     (line,) = ledger.end("h1")
 

@@ -18,10 +18,11 @@ from ansible_collections.biv100.serving.plugins.plugin_utils._canary_analysis im
     canary_record,
     side_samples,
 )
+from ansible_collections.biv100.serving.plugins.plugin_utils._figure_cells import figure_cells
 from ansible_collections.biv100.serving.plugins.plugin_utils._report import INDEX, plot_names, render
 from ansible_collections.biv100.serving.plugins.plugin_utils._report_canary import analyses, canary_figure
 from ansible_collections.biv100.serving.plugins.plugin_utils._report_figures import LATENCY_PLOT, PLOTS, QUALITY_PLOT, SCORE_PLOT, figures, series
-from ansible_collections.biv100.serving.plugins.plugin_utils._report_ledger import ReportError, figure_cells, gate_cells, load_ledger, rows
+from ansible_collections.biv100.serving.plugins.plugin_utils._report_ledger import ReportError, gate_cells, load_ledger, rows
 from ansible_collections.biv100.serving.plugins.plugin_utils._report_tuning import load_tuning_runs, tune_figure
 from ansible_collections.biv100.serving.plugins.plugin_utils._tune_results import (
     append_candidate,
