@@ -18,7 +18,6 @@ import os
 
 from ansible import constants as C
 from ansible.errors import AnsibleActionFail
-from ansible.plugins.action import ActionBase
 from ansible.utils.display import Display
 
 from ansible_collections.biv100.serving.plugins.module_utils._state_store import utc_timestamp
@@ -32,6 +31,7 @@ from ansible_collections.biv100.serving.plugins.plugin_utils._canary_analysis im
     side_samples,
     verdict_line,
 )
+from ansible_collections.biv100.serving.plugins.plugin_utils._controller_action import ControllerAction
 from ansible_collections.biv100.serving.plugins.plugin_utils._engine_instances import recorded_instance
 from ansible_collections.biv100.serving.plugins.plugin_utils._project_folder import project_root
 
@@ -64,15 +64,11 @@ ARGUMENT_SPEC = {
 }
 
 
-class ActionModule(ActionBase):
-    TRANSFERS_FILES = False
-    # The samples came with the task: no host is contacted.
-    _requires_connection = False
-    _supports_check_mode = True
+class ActionModule(ControllerAction):
+    ARGUMENT_SPEC = ARGUMENT_SPEC
 
-    def run(self, tmp=None, task_vars=None):
-        _valid, args = self.validate_argument_spec(argument_spec=ARGUMENT_SPEC)
-        result = super().run(tmp, task_vars)
+    def act(self, args: dict, task_vars: dict) -> dict:
+        result = {}
         canary, baseline = args["canary"], args["baseline"]
         if not canary["host"] or not canary["release"]:
             raise AnsibleActionFail("canary: host and release are required")

@@ -27,11 +27,11 @@ from pathlib import Path
 from ansible import constants as C
 from ansible import context
 from ansible.errors import AnsibleActionFail
-from ansible.plugins.action import ActionBase
 from ansible.plugins.loader import callback_loader
 from ansible.utils.display import Display
 
 from ansible_collections.biv100.serving.plugins.plugin_utils._atomic_file import write_atomic
+from ansible_collections.biv100.serving.plugins.plugin_utils._controller_action import ControllerAction
 from ansible_collections.biv100.serving.plugins.plugin_utils._ledger_location import (
     LEDGER_CALLBACK,
     LEDGER_FILE,
@@ -112,16 +112,11 @@ def remove_stale(dest: Path, files: dict[str, bytes], check: bool) -> list[str]:
     return stale
 
 
-class ActionModule(ActionBase):
-    TRANSFERS_FILES = False
-    # The ledger and the report are on the controller: no host is contacted.
-    _requires_connection = False
-    _supports_check_mode = True
+class ActionModule(ControllerAction):
+    ARGUMENT_SPEC = ARGUMENT_SPEC
 
-    def run(self, tmp=None, task_vars=None):
-        _valid, args = self.validate_argument_spec(argument_spec=ARGUMENT_SPEC)
-        result = super().run(tmp, task_vars)
-        task_vars = task_vars or {}
+    def act(self, args: dict, task_vars: dict) -> dict:
+        result = {}
 
         named = args["ledger_dir"]
         if named is None and task_vars.get(LEDGER_VARIABLE) not in (None, ""):

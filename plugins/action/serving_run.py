@@ -12,9 +12,9 @@ ledger callback. Nothing runs on a host and no connection is opened.
 from __future__ import annotations
 
 from ansible.errors import AnsibleActionFail
-from ansible.plugins.action import ActionBase
 
 from ansible_collections.biv100.serving.plugins.plugin_utils import _run_record as run_record
+from ansible_collections.biv100.serving.plugins.plugin_utils._controller_action import ControllerAction
 
 # The host fact the record is, read back at the next boundary.
 FACT = "serving_run"
@@ -30,16 +30,11 @@ ARGUMENT_SPEC = {
 }
 
 
-class ActionModule(ActionBase):
-    TRANSFERS_FILES = False
-    # The record is the controller's: no host is contacted.
-    _requires_connection = False
-    _supports_check_mode = True
+class ActionModule(ControllerAction):
+    ARGUMENT_SPEC = ARGUMENT_SPEC
 
-    def run(self, tmp=None, task_vars=None):
-        _valid, args = self.validate_argument_spec(argument_spec=ARGUMENT_SPEC)
-        result = super().run(tmp, task_vars)
-        task_vars = task_vars or {}
+    def act(self, args: dict, task_vars: dict) -> dict:
+        result = {}
         host = task_vars.get("inventory_hostname", "")
         run = str(task_vars.get(RUN_VARIABLE) or "")
         if not run:

@@ -24,9 +24,9 @@ from pathlib import Path
 
 from ansible import constants as C
 from ansible.errors import AnsibleActionFail
-from ansible.plugins.action import ActionBase
 
 from ansible_collections.biv100.serving.plugins.module_utils._no_follow import Tree, UnsafePath
+from ansible_collections.biv100.serving.plugins.plugin_utils._controller_action import ControllerAction
 from ansible_collections.biv100.serving.plugins.plugin_utils._project_folder import project_root
 from ansible_collections.biv100.serving.plugins.plugin_utils._submission import (
     FILE_MODE,
@@ -183,15 +183,11 @@ class Plan:
             dest_tree.write(name, data, mode=mode)
 
 
-class ActionModule(ActionBase):
-    TRANSFERS_FILES = False
-    # The exports are task arguments and the bundle is written on the controller: no host is contacted.
-    _requires_connection = False
-    _supports_check_mode = True
+class ActionModule(ControllerAction):
+    ARGUMENT_SPEC = ARGUMENT_SPEC
 
-    def run(self, tmp=None, task_vars=None):
-        _valid, args = self.validate_argument_spec(argument_spec=ARGUMENT_SPEC)
-        result = super().run(tmp, task_vars)
+    def act(self, args: dict, task_vars: dict) -> dict:
+        result = {}
         dest = (Path(args["dest"]) if args["dest"] else project_root(C.CONFIG_FILE).joinpath(*SUBMISSIONS_FOLDER)).absolute()
 
         try:

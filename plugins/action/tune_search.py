@@ -27,7 +27,6 @@ from pathlib import Path
 
 from ansible import constants as C
 from ansible.errors import AnsibleActionFail
-from ansible.plugins.action import ActionBase
 from ansible.utils.display import Display
 
 from ansible_collections.biv100.serving.plugins.module_utils._state_store import utc_timestamp
@@ -38,6 +37,7 @@ from ansible_collections.biv100.serving.plugins.plugin_utils._canary_analysis im
     canary_record,
     side_samples,
 )
+from ansible_collections.biv100.serving.plugins.plugin_utils._controller_action import ControllerAction
 from ansible_collections.biv100.serving.plugins.plugin_utils._project_folder import inventory_argument, project_root
 from ansible_collections.biv100.serving.plugins.plugin_utils._tune_results import (
     FAILED_TO_START,
@@ -126,15 +126,13 @@ REQUIRED = {
 }
 
 
-class ActionModule(ActionBase):
-    TRANSFERS_FILES = False
-    # Everything it reads and writes is on the controller.
-    _requires_connection = False
+class ActionModule(ControllerAction):
+    ARGUMENT_SPEC = ARGUMENT_SPEC
+    # Each step writes the run's records: there is no dry run of a search.
     _supports_check_mode = False
 
-    def run(self, tmp=None, task_vars=None):
-        _valid, args = self.validate_argument_spec(argument_spec=ARGUMENT_SPEC)
-        result = super().run(tmp, task_vars)
+    def act(self, args: dict, task_vars: dict) -> dict:
+        result = {}
         step = args["step"]
         missing = [name for name in REQUIRED[step] + (("run_dir",) if step != "plan" else ())
                    if args.get(name) is None]

@@ -235,3 +235,26 @@ def remove(job_dir):
             if error.errno != errno.ENOENT:
                 raise
     os.rmdir(job_dir)
+
+
+def follow(module):
+    """engine_bench's _job status or stop, answered through its AnsibleModule: the job's
+    progress, its result once it ended, or its end."""
+    params = module.params
+    if not params["_job_dir"]:
+        module.fail_json(msg="_job %s needs _job_dir, the folder _job start returned" % params["_job"])
+    try:
+        if params["_job"] == "stop":
+            stopped = stop(params["_job_dir"])
+            module.exit_json(changed=stopped, stopped=stopped,
+                             msg="the benchmark worker was stopped" if stopped else "no benchmark worker ran")
+        found = status(params["_job_dir"], params["_job_wait"] or 0)
+    except JobError as error:
+        # A worker that ended without a result leaves no job to follow.
+        module.fail_json(msg=str(error), finished=not os.path.lexists(params["_job_dir"]))
+    if not found["finished"]:
+        module.exit_json(changed=False, finished=False, progress=found["progress"])
+    result = dict(found["result"], finished=True)
+    if result.pop("failed", False):
+        module.fail_json(**result)
+    module.exit_json(**result)

@@ -148,32 +148,16 @@ options:
     description: Where the analysis is written; a relative folder is the project's.
     type: path
 extends_documentation_fragment:
+  - biv100.serving.controller_action
   - ansible.builtin.action_common_attributes
   - ansible.builtin.action_common_attributes.conn
   - ansible.builtin.action_common_attributes.flow
 attributes:
-  action:
-    support: full
-    details: The action of the same name does all the work on the controller.
-  async:
-    support: none
-  become:
-    support: none
-  bypass_host_loop:
-    support: none
   check_mode:
     support: full
     details: Judges as usual and writes no file.
-  connection:
-    support: none
-  delegation:
-    support: none
   diff_mode:
     support: none
-  platform:
-    support: full
-    platforms: all
-    details: Runs on the controller whatever the host is.
 seealso:
   - module: biv100.serving.engine_bench
   - plugin: biv100.serving.canary_plan

@@ -33,11 +33,7 @@ description:
     this engine's GPUs (its C(CUDA_VISIBLE_DEVICES)) is stopped by the manager that started it,
     and retired when O(layout) does not name it (RV(retired)). An engine of the layout stopped
     so is started again at its own turn.
-  - V(absent) retires an engine - stops it by the manager its launch record names and removes
-    its systemd unit or supervisord program file and its pid file, so that nothing starts it
-    again; its env file and log stay. With O(layout) instead of O(name), it retires every engine
-    of the collection's on the host (a pid file in O(pid_dir), or a unit or program file of the
-    host's manager) that O(layout) does not name.
+  - M(biv100.serving.engine_retire) retires the engines a host no longer runs.
   - The engine's environment is a minimal base (C(PATH), C(HOME), C(LANG=C.UTF-8)), then the
     variables of O(env_file), then O(env); never the environment of the connection that runs
     the module, so that the same task starts the same engine every time.
@@ -60,8 +56,8 @@ options:
   name:
     description:
       - The engine's name; it names the default pid and log files.
-      - Required, except with O(state=absent) given O(layout).
     type: str
+    required: true
   command:
     description:
       - The engine's argv, compared with the running engine's C(/proc/<pid>/cmdline).
@@ -118,11 +114,9 @@ options:
       - V(started) starts the engine when it is not running and restarts it when it drifted.
       - V(restarted) stops and starts it unconditionally.
       - V(stopped) stops it.
-      - V(absent) retires it (see the description), or with O(layout) every engine of the
-        collection's that O(layout) does not name.
       - V(status) only reports.
     type: str
-    choices: [started, stopped, restarted, status, absent]
+    choices: [started, stopped, restarted, status]
     default: started
   layout:
     description:
@@ -130,8 +124,6 @@ options:
       - With O(state=started) and O(state=restarted), a start or restart first stops each other
         running engine of the collection's that holds O(port) or one of this engine's GPUs, and
         retires it when this list does not name it.
-      - With O(state=absent) and no O(name), every engine of the collection's that this list does
-        not name is retired.
     type: list
     elements: str
     version_added: 0.2.0
@@ -141,33 +133,6 @@ options:
         own command line sets it; this only says which it is.
     type: int
     version_added: 0.2.0
-  pid_dir:
-    description:
-      - The folder of the collection's pid files, where O(pid_file) is by default and where the
-        collection's other engines are found (O(layout), O(state=absent)).
-    type: path
-    default: /run/biv100-serving
-    version_added: 0.2.0
-  manager:
-    description:
-      - What runs the engine. V(auto) takes systemd when C(/run/systemd/system) exists,
-        else supervisord when C(supervisorctl pid) answers, else V(pidfile), the launcher.
-    type: str
-    choices: [auto, systemd, supervisord, pidfile]
-    default: auto
-  systemctl:
-    description: The C(systemctl) to use; found on C(PATH) when not given.
-    type: path
-  supervisorctl:
-    description:
-      - The C(supervisorctl) to use; found on C(PATH) when not given.
-      - It must reach the host's supervisord without arguments (its own configuration file).
-    type: path
-  supervisor_conf_dir:
-    description:
-      - The folder supervisord includes program files from. Defaults to the first that exists
-        of C(/etc/supervisor/conf.d) and C(/etc/supervisord.d).
-    type: path
   pid_file:
     description: The pid file. Defaults to C(<pid_dir>/<name>.pid).
     type: path
@@ -187,10 +152,6 @@ options:
     description: How many rotated logs are kept.
     type: int
     default: 3
-  stop_timeout:
-    description: Seconds between C(SIGTERM) to the engine's process group and C(SIGKILL).
-    type: int
-    default: 30
   start_check_seconds:
     description:
       - How long a new engine must stay alive to count as started (for supervisord, its
@@ -198,17 +159,18 @@ options:
     type: float
     default: 2
 extends_documentation_fragment:
+  - biv100.serving.engine_manager
   - ansible.builtin.action_common_attributes
 attributes:
   check_mode:
     support: full
     details:
-      - Reports what it would start, restart, stop or retire; starts, stops and removes nothing.
+      - Reports what it would start, restart, stop or retire to make way; starts, stops and removes nothing.
   diff_mode:
     support: full
     details:
       - The engine's running state, command and environment before and after; the engines
-        of the collection's the task retires, before and after.
+        of the collection's the task stops or retires to make way, before and after.
   platform:
     support: full
     platforms: linux
@@ -220,9 +182,10 @@ notes:
   - A stale pid file is reported in a warning, and removed by every state but V(status);
     removing it alone is no change, since nothing was running.
   - The collection's engines are those whose pid files are in O(pid_dir); an engine given
-    another O(pid_file) is left out of O(layout) and O(state=absent) without O(name).
+    another O(pid_file) is left out of O(layout).
 seealso:
   - module: biv100.serving.engine_health
+  - module: biv100.serving.engine_retire
 """
 
 EXAMPLES = r"""
@@ -263,18 +226,12 @@ EXAMPLES = r"""
     env_file: /etc/biv100-serving/vllm-2.env
     port: 8001
     layout: [vllm-1, vllm-2]
-
-- name: Retire the engines the host no longer runs
-  biv100.serving.engine_process:
-    state: absent
-    layout: [vllm-1, vllm-2]
 """
 
 RETURN = r"""
 name:
   description:
     - The engine's name (O(name)); an engine instance's, on a host that runs several.
-    - Null for O(state=absent) without O(name).
   returned: always
   type: str
   sample: vllm-1
@@ -287,16 +244,15 @@ manager:
   sample: supervisord
 action:
   description:
-    - What the task did (or would do, in check mode) to the engine; V(retire) for
-      O(state=absent) when it retired any.
+    - What the task did (or would do, in check mode) to the engine.
   returned: always
   type: str
-  choices: [none, start, restart, stop, retire]
+  choices: [none, start, restart, stop]
   sample: restart
 retired:
   description:
-    - The collection's engines the task stopped or retired (or would, in check mode) - to make
-      way for this one, or with O(state=absent) - each with its C(name), C(manager), the C(pid)
+    - The collection's engines the task stopped or retired (or would, in check mode) to make
+      way for this one, each with its C(name), C(manager), the C(pid)
       it ran as (null when it was not running), its C(action) (V(stop) for an engine of
       O(layout), started again at its turn; V(retire) when it was stopped and its unit or program
       file and pid file removed), the unit or program file C(removed) (null when none) and, when
@@ -353,12 +309,12 @@ started_at:
   type: str
   sample: "2026-05-09T07:35:25Z"
 log_file:
-  description: The engine's log; null for O(state=absent) without O(name).
+  description: The engine's log.
   returned: always
   type: str
   sample: /var/log/biv100-serving/vllm.log
 pid_file:
-  description: The engine's pid file; null for O(state=absent) without O(name).
+  description: The engine's pid file.
   returned: always
   type: str
   sample: /run/biv100-serving/vllm.pid
@@ -385,10 +341,14 @@ log_tail:
 """
 
 import os
-import pwd
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.biv100.serving.plugins.module_utils._engine_drift import drift
+from ansible_collections.biv100.serving.plugins.module_utils._engine_environment import (
+    EnvironmentProblem,
+    desired_environment,
+    env_file_matches,
+)
 from ansible_collections.biv100.serving.plugins.module_utils._engine_identity import (
     EngineError,
     launched_command,
@@ -399,34 +359,17 @@ from ansible_collections.biv100.serving.plugins.module_utils._engine_managers im
     choose_manager,
 )
 from ansible_collections.biv100.serving.plugins.module_utils._engine_pidfile import PidFileManager
+from ansible_collections.biv100.serving.plugins.module_utils._engine_plan import (
+    NOT_RUNNING,
+    desired_view,
+    diff_view,
+    message,
+    planned_action,
+)
 from ansible_collections.biv100.serving.plugins.module_utils._engine_process import PID_DIR
-from ansible_collections.biv100.serving.plugins.module_utils._engine_retire import (
-    changed_anything,
-    in_the_way,
-    retire,
-    retirement_candidates,
-    retirement_words,
-)
-from ansible_collections.biv100.serving.plugins.module_utils._env_file import (
-    parse_env_text,
-    read_env_file,
-)
+from ansible_collections.biv100.serving.plugins.module_utils._engine_retire import in_the_way, retire
 from ansible_collections.biv100.serving.plugins.module_utils._own_engines import device_items
 from ansible_collections.biv100.serving.plugins.module_utils._state_store import atomic_write
-
-# The whole inherited environment of the engine, before env_file and env.
-BASE_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
-
-NOT_RUNNING = {"running": False, "pid": None, "command": [], "env": {}, "started_at": None}
-
-
-def env_file_matches(path, content):
-    """Whether the file at path holds exactly content (False when it is missing)."""
-    try:
-        with open(path, encoding="utf-8") as stream:
-            return stream.read() == content
-    except FileNotFoundError:
-        return False
 
 
 def hide_secrets(module, names, *environments):
@@ -440,104 +383,6 @@ def hide_secrets(module, names, *environments):
                 module.no_log_values.add(value)
 
 
-def base_environment():
-    return {
-        "PATH": BASE_PATH,
-        "HOME": pwd.getpwuid(os.geteuid()).pw_dir,
-        "LANG": "C.UTF-8",
-    }
-
-
-class DesiredEnvironment(object):
-    """The engine's environment: `merged` is base, then env_file, then env; `inline` is base
-    and env alone (what a systemd unit carries beside its EnvironmentFile=); `overlap` names
-    the variables both env and env_file set."""
-
-    def __init__(self, base, from_file, extra):
-        self.merged = dict(base)
-        self.merged.update(from_file)
-        self.merged.update(extra)
-        self.inline = dict(base)
-        self.inline.update(extra)
-        self.overlap = sorted(set(extra) & set(from_file))
-
-
-def desired_environment(module):
-    """The DesiredEnvironment, or None when the task does not concern the environment.
-
-    Stopping needs no env_file, and a status given neither env nor env_file only reports.
-    """
-    params = module.params
-    if params["state"] == "stopped" or (
-        params["state"] == "status" and not params["env"] and not params["env_file"]
-    ):
-        return None
-    from_file = {}
-    if params["env_file"] and params["env_file_content"] is not None:
-        try:
-            from_file = parse_env_text(params["env_file_content"], "env_file_content")
-        except ValueError as error:
-            module.fail_json(msg=str(error))
-    elif params["env_file"]:
-        try:
-            from_file = read_env_file(params["env_file"])
-        except FileNotFoundError:
-            if not module.check_mode:
-                module.fail_json(msg="env_file %s does not exist" % params["env_file"])
-            # An earlier task of the same check run would have written it.
-            module.warn(
-                "env_file %s does not exist yet; its variables are left out" % params["env_file"]
-            )
-        except (OSError, ValueError) as error:
-            module.fail_json(msg="env_file: %s" % error)
-    extra = dict((key, str(value)) for key, value in params["env"].items())
-    return DesiredEnvironment(base_environment(), from_file, extra)
-
-
-def planned_action(state, engine, drifted):
-    if state == "status":
-        return "none"
-    if state == "stopped":
-        return "stop" if engine else "none"
-    if state == "restarted":
-        return "restart" if engine else "start"
-    if engine is None:
-        return "start"
-    return "restart" if drifted else "none"
-
-
-def diff_view(observed):
-    return dict((key, observed[key]) for key in ("running", "command", "env"))
-
-
-def desired_view(action, observed, command, env):
-    if action == "stop":
-        return dict(NOT_RUNNING)
-    if action in ("start", "restart"):
-        return {"running": True, "command": command, "env": env}
-    return observed
-
-
-PAST_TENSE = {"start": "started", "restart": "restarted", "stop": "stopped"}
-
-
-def message(name, manager, action, check_mode, after, retired):
-    if action != "none":
-        text = "%s %s %s by %s" % (
-            name,
-            "would be" if check_mode else "was",
-            PAST_TENSE[action],
-            manager,
-        )
-    elif after["running"]:
-        text = "%s runs as pid %d under %s" % (name, after["pid"], manager)
-    else:
-        text = "%s is not running" % name
-    if retired:
-        text += "; to make way, %s" % "; ".join(retirement_words(done, check_mode) for done in retired)
-    return text
-
-
 def make_way(module, in_way, check_mode):
     """Stop each engine in the way (retiring those the layout does not name): what was done."""
     params = module.params
@@ -548,61 +393,6 @@ def make_way(module, in_way, check_mode):
         done["held"] = held
         retired.append(done)
     return retired
-
-
-def retire_others(module):
-    """state=absent: retire the engine O(name), or every engine O(layout) does not name."""
-    params = module.params
-    name, layout = params["name"], params["layout"]
-    if name and layout is not None:
-        module.fail_json(
-            msg="state=absent takes name (the engine to retire) or layout (the engines to keep), not both"
-        )
-    try:
-        host_manager = choose_manager(dict(params, name=name or ""), module.run_command)
-        if name:
-            kept, names = [], [name]
-        else:
-            present = retirement_candidates(params, host_manager)
-            kept = [other for other in present if other in layout]
-            names = [other for other in present if other not in layout]
-        done = [
-            retire(params, module.run_command, other, host_manager.name, True, module.check_mode)
-            for other in names
-        ]
-    except EngineError as error:
-        module.fail_json(msg=str(error), **error.extra)
-    except OSError as error:
-        module.fail_json(msg="%s: %s" % (name or "retiring", error))
-    retired = [entry for entry in done if changed_anything(entry)]
-    if retired:
-        text = "; ".join(retirement_words(entry, module.check_mode) for entry in retired)
-    elif name:
-        text = "%s is not running and has no unit or program file" % name
-    else:
-        text = "nothing to retire"
-    if kept:
-        text += "; kept %s" % ", ".join(kept)
-    result = dict(
-        changed=bool(retired),
-        name=name,
-        action="retire" if retired else "none",
-        manager=host_manager.name,
-        retired=retired,
-        drift=[],
-        env_file=params["env_file"],
-        env_file_matches=None,
-        log_file=params["log_file"],
-        pid_file=params["pid_file"],
-        msg=text,
-        **NOT_RUNNING
-    )
-    if module._diff:
-        result["diff"] = {
-            "before": {"engines": sorted(kept + [entry["name"] for entry in retired])},
-            "after": {"engines": kept},
-        }
-    module.exit_json(**result)
 
 
 def write_env_file(params):
@@ -640,7 +430,7 @@ def apply(module, manager, action, engine, definition, desired_env, env_file_sta
 def main():
     module = AnsibleModule(
         argument_spec=dict(
-            name=dict(type="str"),
+            name=dict(type="str", required=True),
             command=dict(type="list", elements="str"),
             env=dict(type="dict", default={}),
             env_file=dict(type="path"),
@@ -650,7 +440,7 @@ def main():
             cwd=dict(type="path", default="/"),
             state=dict(
                 type="str",
-                choices=["started", "stopped", "restarted", "status", "absent"],
+                choices=["started", "stopped", "restarted", "status"],
                 default="started",
             ),
             layout=dict(type="list", elements="str"),
@@ -668,21 +458,15 @@ def main():
             supervisor_conf_dir=dict(type="path"),
         ),
         required_if=[
-            ("state", "started", ("name", "command")),
-            ("state", "restarted", ("name", "command")),
-            ("state", "stopped", ("name",)),
-            ("state", "status", ("name",)),
-            ("state", "absent", ("name", "layout"), True),
+            ("state", "started", ("command",)),
+            ("state", "restarted", ("command",)),
         ],
         supports_check_mode=True,
     )
     params = module.params
-    if params["name"]:
-        params["pid_file"] = params["pid_file"] or os.path.join(params["pid_dir"], params["name"] + ".pid")
-        params["log_file"] = params["log_file"] or "/var/log/biv100-serving/%s.log" % params["name"]
+    params["pid_file"] = params["pid_file"] or os.path.join(params["pid_dir"], params["name"] + ".pid")
+    params["log_file"] = params["log_file"] or "/var/log/biv100-serving/%s.log" % params["name"]
     state, command = params["state"], params["command"]
-    if state == "absent":
-        retire_others(module)
     layout = params["layout"]
     if layout is not None and state in ("started", "restarted") and params["name"] not in layout:
         module.fail_json(msg="layout %s does not name %s, the engine to run" % (", ".join(layout), params["name"]))
@@ -694,7 +478,10 @@ def main():
     matches = None
     if params["env_file_content"] is not None:
         matches = env_file_matches(params["env_file"], params["env_file_content"])
-    environment = desired_environment(module)
+    try:
+        environment = desired_environment(params, module.check_mode, module.warn)
+    except EnvironmentProblem as error:
+        module.fail_json(msg=str(error))
     desired_env = environment.merged if environment else None
     secrets = params["secret_env"]
     hide_secrets(module, secrets, desired_env)

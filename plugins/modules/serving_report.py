@@ -106,32 +106,16 @@ options:
         file and the line.
     type: path
 extends_documentation_fragment:
+  - biv100.serving.controller_action
   - ansible.builtin.action_common_attributes
   - ansible.builtin.action_common_attributes.conn
   - ansible.builtin.action_common_attributes.flow
 attributes:
-  action:
-    support: full
-    details: The action of the same name does all the work on the controller.
-  async:
-    support: none
-  become:
-    support: none
-  bypass_host_loop:
-    support: none
   check_mode:
     support: full
     details: Writes and removes nothing, and says which files would change or be removed.
-  connection:
-    support: none
-  delegation:
-    support: none
   diff_mode:
     support: none
-  platform:
-    support: full
-    platforms: all
-    details: Runs on the controller whatever the host is.
 seealso:
   - plugin: biv100.serving.ledger
     plugin_type: callback

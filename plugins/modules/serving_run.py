@@ -13,7 +13,7 @@ DOCUMENTATION = r"""
 ---
 module: serving_run
 short_description: Write a phase boundary into the host's record of this run
-version_added: 0.3.0
+version_added: 0.2.0
 description:
   - Keeps one record per host and run, the host fact C(serving_run) - the phase the host is
     in, the engine instance the phase is about, what each phase proved (the staged release, the
@@ -77,32 +77,16 @@ options:
     description: The failed task's name (C(ansible_failed_task.name)).
     type: str
 extends_documentation_fragment:
+  - biv100.serving.controller_action
   - ansible.builtin.action_common_attributes
   - ansible.builtin.action_common_attributes.conn
   - ansible.builtin.action_common_attributes.flow
 attributes:
-  action:
-    support: full
-    details: The action of the same name does all the work on the controller.
-  async:
-    support: none
-  become:
-    support: none
-  bypass_host_loop:
-    support: none
   check_mode:
     support: full
     details: Records as a normal run does; the record is the controller's, and nothing is written.
-  connection:
-    support: none
-  delegation:
-    support: none
   diff_mode:
     support: none
-  platform:
-    support: full
-    platforms: all
-    details: Runs on the controller whatever the host is.
 seealso:
   - plugin: biv100.serving.ledger
     plugin_type: callback

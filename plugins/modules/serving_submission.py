@@ -97,33 +97,17 @@ options:
         as is a symlink or anything but files and folders inside it.
     type: path
 extends_documentation_fragment:
+  - biv100.serving.controller_action
   - ansible.builtin.action_common_attributes
   - ansible.builtin.action_common_attributes.conn
   - ansible.builtin.action_common_attributes.flow
 attributes:
-  action:
-    support: full
-    details: The action of the same name does all the work on the controller.
-  async:
-    support: none
-  become:
-    support: none
-  bypass_host_loop:
-    support: none
   check_mode:
     support: full
     details: Builds the bundle and writes nothing; RV(written) names what would change.
-  connection:
-    support: none
-  delegation:
-    support: none
   diff_mode:
     support: full
     details: Shows each file written or removed (the sha256 of the archive and of files that are not text).
-  platform:
-    support: full
-    platforms: all
-    details: Runs on the controller whatever the host is.
 seealso:
   - module: biv100.serving.serving_release
   - module: biv100.serving.vllm_facts

@@ -130,31 +130,16 @@ options:
       - Default the quality gate's bound the incumbent was held to.
     type: float
 extends_documentation_fragment:
+  - biv100.serving.controller_action
   - ansible.builtin.action_common_attributes
   - ansible.builtin.action_common_attributes.conn
   - ansible.builtin.action_common_attributes.flow
 attributes:
-  action:
-    support: full
-  async:
-    support: none
-  become:
-    support: none
-  bypass_host_loop:
-    support: none
   check_mode:
     support: none
     details: A search starts engines; in check mode the step is skipped.
-  connection:
-    support: none
-  delegation:
-    support: none
   diff_mode:
     support: none
-  platform:
-    support: full
-    platforms: all
-    details: Runs on the controller whatever the host is.
 seealso:
   - module: biv100.serving.canary_analysis
   - module: biv100.serving.engine_bench

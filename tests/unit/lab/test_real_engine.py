@@ -16,7 +16,7 @@ import real_engine
 from engine_defaults import SUB168
 from real_engine import simulated_marker
 
-from ansible_collections.biv100.serving.plugins.modules.engine_bench import SIMULATED_HEADER
+from ansible_collections.biv100.serving.plugins.module_utils._bench_run import SIMULATED_HEADER
 
 REPO = Path(__file__).resolve().parents[3]
 PT_GNU_STACK, PT_LOAD = 0x6474E551, 1

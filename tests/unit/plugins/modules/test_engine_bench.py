@@ -21,6 +21,7 @@ from gates_defaults import WEIGHTS
 from json_engine import JsonEngine
 
 from ansible_collections.biv100.serving.plugins.module_utils import _bench_job
+from ansible_collections.biv100.serving.plugins.module_utils import _bench_run as bench_run
 from ansible_collections.biv100.serving.plugins.modules import engine_bench
 
 SECRET = "sk-biv100-bench-5e6f7a81"
@@ -191,7 +192,7 @@ def test_failed_requests_are_counted_apart_and_say_why(engine, run_module):
 
 
 def test_the_progress_file_is_rewritten_while_the_run_goes(engine, run_module, tmp_path, monkeypatch):
-    monkeypatch.setattr(engine_bench, "PROGRESS_INTERVAL", 0.01)
+    monkeypatch.setattr(bench_run, "PROGRESS_INTERVAL", 0.01)
     url, _state = engine(delay=0.02)
     path = tmp_path / "progress.json"
     seen, stop = [], threading.Event()

@@ -1,6 +1,6 @@
-"""biv100.serving.engine_process keeping a host to its engine layout: a start makes way by
-stopping the collection's other engines that hold its port or its GPUs (retiring those the layout
-does not name), and state=absent retires engines, by name or all those a layout does not name.
+"""Keeping a host to its engine layout: engine_process's start makes way by stopping the
+collection's other engines that hold its port or its GPUs (retiring those the layout does not
+name), and engine_retire retires engines, by name or all those a layout does not name.
 Real engines (the HTTP stand-in of test_engine_process) on real ports; the systemd case is told
 what systemctl would be asked."""
 
@@ -13,7 +13,7 @@ import pytest
 
 from ansible_collections.biv100.serving.plugins.module_utils import _engine_systemd
 from ansible_collections.biv100.serving.plugins.module_utils._engine_process import group_members, is_alive
-from ansible_collections.biv100.serving.plugins.modules import engine_process
+from ansible_collections.biv100.serving.plugins.modules import engine_process, engine_retire
 
 from test_engine_process import SERVER, end_process_group, free_port, wait_for_log_line
 
@@ -24,7 +24,7 @@ GPUS = {"vllm": "0,1,2,3", "vllm-1": "0,1,2,3", "vllm-2": "4,5,6,7"}
 def host(tmp_path, run_module):
     """host(name, port=..., **module_args) runs the module for the engine `name` of a host whose
     pid folder is tmp_path/run, on the port given (each engine's own by default) and the GPUs of
-    GPUS; host.absent(**module_args) with state=absent. Every engine started is killed at
+    GPUS; host.absent(**module_args) runs engine_retire. Every engine started is killed at
     teardown."""
     server_script = tmp_path / "server.py"
     server_script.write_text(SERVER)
@@ -51,8 +51,8 @@ def host(tmp_path, run_module):
         return outcome
 
     def absent(**args):
-        """state=absent, as the layout's last step or for one engine by name."""
-        return run_module(engine_process, dict(state="absent", manager="pidfile", pid_dir=str(tmp_path / "run"), **args))
+        """engine_retire, as the layout's last step or for one engine by name."""
+        return run_module(engine_retire, dict(manager="pidfile", pid_dir=str(tmp_path / "run"), **args))
 
     run.ports = ports
     run.pid_dir = tmp_path / "run"
@@ -124,7 +124,7 @@ def test_a_layout_that_does_not_name_the_engine_is_refused(host):
     assert not host.pid_dir.exists()
 
 
-def test_absent_retires_every_engine_the_layout_does_not_name_then_changes_nothing(host):
+def test_retire_takes_every_engine_the_layout_does_not_name_then_changes_nothing(host):
     old, kept = host("vllm").result, host("vllm-1", port=None).result
     # A pid file left by an engine that ended: a trace, retired without it being a change.
     (host.pid_dir / "gone.pid").write_text("999999999\n")
@@ -145,7 +145,7 @@ def test_absent_retires_every_engine_the_layout_does_not_name_then_changes_nothi
     assert (again["changed"], again["retired"], again["msg"]) == (False, [], "nothing to retire; kept vllm-1")
 
 
-def test_absent_by_name_retires_that_engine_and_takes_no_layout(host):
+def test_retire_by_name_takes_that_engine_and_no_layout(host):
     old = host("vllm").result
 
     gone = host.absent(name="vllm").result
@@ -154,7 +154,7 @@ def test_absent_by_name_retires_that_engine_and_takes_no_layout(host):
     assert host.absent(name="vllm").result["changed"] is False
 
     failed, result = host.absent(name="vllm", layout=["vllm-1"])
-    assert failed and "not both" in result["msg"]
+    assert failed and "mutually exclusive: name|layout" in result["msg"]
 
 
 def test_a_retired_systemd_engine_leaves_no_unit(tmp_path, monkeypatch, run_module):
@@ -171,8 +171,8 @@ def test_a_retired_systemd_engine_leaves_no_unit(tmp_path, monkeypatch, run_modu
     systemctl.write_text(f'#!/bin/sh\necho "$@" >> {calls}\n[ "$1" = show ] && echo MainPID=0\nexit 0\n')
     systemctl.chmod(0o755)
 
-    result = run_module(engine_process, dict(
-        state="absent", layout=["vllm-1"], manager="systemd", systemctl=str(systemctl),
+    result = run_module(engine_retire, dict(
+        layout=["vllm-1"], manager="systemd", systemctl=str(systemctl),
         pid_dir=str(tmp_path / "run"))).result
 
     assert (result["changed"], result["manager"]) == (True, "systemd")

@@ -18,7 +18,7 @@ from ansible_collections.biv100.serving.plugins.module_utils._engine_process imp
     group_members,
     is_alive,
 )
-from ansible_collections.biv100.serving.plugins.modules import engine_process
+from ansible_collections.biv100.serving.plugins.modules import engine_process, engine_retire
 
 from test_engine_process import SERVER, end_process_group, environ_of, free_port
 
@@ -92,6 +92,12 @@ def managed(tmp_path, run_module, supervisord):
             started.append(outcome.result["pid"])
         return outcome
 
+    def retire(**args):
+        """engine_retire on the same supervisord."""
+        return run_module(engine_retire, dict(supervisorctl=supervisord["control"],
+                                              supervisor_conf_dir=supervisord["conf_dir"], **args))
+
+    run.retire = retire
     run.command = command
     run.program_file = Path(supervisord["conf_dir"]) / "biv100-serving-vllm.conf"
     run.pid_file = tmp_path / "run" / "vllm.pid"
@@ -151,8 +157,7 @@ def test_stopped_ends_the_supervised_group(managed):
 def test_a_retired_supervised_engine_leaves_no_program_behind(managed, tmp_path):
     started = managed().result
 
-    retired = managed(state="absent", command=None, pid_dir=str(tmp_path / "run"),
-                      pid_file=None).result
+    retired = managed.retire(name="vllm", pid_dir=str(tmp_path / "run")).result
 
     assert (retired["changed"], retired["manager"]) == (True, "supervisord")
     assert retired["retired"] == [{"name": "vllm", "manager": "supervisord", "pid": started["pid"],
@@ -162,7 +167,7 @@ def test_a_retired_supervised_engine_leaves_no_program_behind(managed, tmp_path)
     # supervisord forgot the program: nothing it restarts, nothing it lists.
     listed = subprocess.run([managed.control, "status"], capture_output=True, text=True, check=False)
     assert "biv100-serving-vllm" not in listed.stdout
-    assert managed(state="absent", command=None, pid_dir=str(tmp_path / "run"), pid_file=None).result["changed"] is False
+    assert managed.retire(name="vllm", pid_dir=str(tmp_path / "run")).result["changed"] is False
 
 
 def test_the_launchers_engine_makes_way_for_the_supervised_one(managed):
