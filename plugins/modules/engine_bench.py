@@ -522,8 +522,6 @@ results_file:
   type: str
 """
 
-import os
-
 from ansible.module_utils.basic import AnsibleModule
 from ansible.module_utils.common.parameters import remove_values
 from ansible_collections.biv100.serving.plugins.module_utils import _bench_job
