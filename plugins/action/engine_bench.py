@@ -141,7 +141,9 @@ class ActionModule(ActionBase):
             answer = job
         else:
             answer = self._follow_job(job, module_args, task_vars, args["poll_seconds"])
-        self._remove_tmp_path(self._connection._shell.tmpdir)
+        # The module's temporary folder on the host goes now, as ActionBase's own cleanup does it
+        # (the polls shared it); the job's folder is removed by the poll that took its result.
+        self.cleanup()
         if answer.get("failed"):
             answer["msg"] = f"{answer.get('msg', 'the benchmark failed')}{_mark(answer.get('simulated'))}"
             answer["changed"] = False  # a bench changes nothing, whatever stopped it
