@@ -16,8 +16,6 @@ from ansible.errors import AnsibleActionFail
 from ansible_collections.biv100.serving.plugins.plugin_utils import _run_record as run_record
 from ansible_collections.biv100.serving.plugins.plugin_utils._controller_action import ControllerAction
 
-# The host fact the record is, read back at the next boundary.
-FACT = "serving_run"
 # The run's id (playbooks/tasks/name_run.yml), which tells this run's record from a cached one.
 RUN_VARIABLE = "serving_run_id"
 
@@ -34,19 +32,17 @@ class ActionModule(ControllerAction):
     ARGUMENT_SPEC = ARGUMENT_SPEC
 
     def act(self, args: dict, task_vars: dict) -> dict:
-        result = {}
         host = task_vars.get("inventory_hostname", "")
         run = str(task_vars.get(RUN_VARIABLE) or "")
         if not run:
             raise AnsibleActionFail(f"{host}: {RUN_VARIABLE} is not set; the playbook names its run "
                                     "(playbooks/tasks/name_run.yml) before it records one")
-        previous = (task_vars.get("ansible_facts") or {}).get(FACT)
+        previous = (task_vars.get("ansible_facts") or {}).get(run_record.FACT)
         try:
             record = run_record.update(previous, run=run, host=host, **args)
         except run_record.RunRecordError as error:
             raise AnsibleActionFail(f"{host}: {error}") from None
-        result.update(changed=False, ansible_facts={FACT: record}, record=record,
-                      msg=f"{host}: {record['phase']} phase"
-                          + (f" of {record['instance']}" if record["instance"] else "")
-                          + (f"; {record['failure']}" if record.get("failure") else ""))
-        return result
+        return dict(changed=False, ansible_facts={run_record.FACT: record}, record=record,
+                    msg=f"{host}: {record['phase']} phase"
+                        + (f" of {record['instance']}" if record["instance"] else "")
+                        + (f"; {record['failure']}" if record.get("failure") else ""))

@@ -96,9 +96,6 @@ COLLECTION = "biv100.serving."
 # this long. ledger.jsonl keeps all of it, and a failed engine start's log tail beside it.
 SHOWN_FAILURE_CHARS = 240
 
-# The host fact the serving_run action keeps each host's record of the run in.
-RUN_FACT = "serving_run"
-
 
 class CallbackModule(CallbackBase):
     CALLBACK_VERSION = 2.0
@@ -142,7 +139,7 @@ class CallbackModule(CallbackBase):
         self._first = self._first or (self._play, result._host)
         host = result._host.get_name()
         answer = result._result
-        record = (answer.get("ansible_facts") or {}).get(RUN_FACT)
+        record = (answer.get("ansible_facts") or {}).get(run_record.FACT)
         if isinstance(record, dict):
             # The host's run record as its last phase boundary left it: the line is made from it.
             self._records[host] = record

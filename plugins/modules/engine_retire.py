@@ -114,10 +114,6 @@ from ansible_collections.biv100.serving.plugins.module_utils._engine_retire impo
     retirement_words,
 )
 
-# What the managers read of an engine they only find, stop and uninstall: nothing is started.
-NOTHING_STARTED = {"command": None, "env": {}, "env_file": None, "cwd": "/", "pid_file": None, "log_file": None,
-                   "log_max_bytes": 0, "log_backups": 0, "start_check_seconds": 1}
-
 
 def main():
     module = AnsibleModule(
@@ -135,7 +131,8 @@ def main():
         mutually_exclusive=[("name", "layout")],
         supports_check_mode=True,
     )
-    params = dict(NOTHING_STARTED, **module.params)
+    # The manager of each engine retired is given that engine's pid file (_engine_retire.manager_of).
+    params = dict(module.params, pid_file=None)
     name, layout = params["name"], params["layout"]
     try:
         host_manager = choose_manager(dict(params, name=name or ""), module.run_command)

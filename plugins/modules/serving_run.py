@@ -117,8 +117,8 @@ record:
     - The host's record of this run, also set as the host fact C(serving_run).
     - C(instances) holds per instance its C(label), C(engine) (the settings the release records),
       C(restarted), C(engine_args) (an C(--api-key) value masked), C(probes) (one line),
-      C(failed_probes), C(probe_results), C(summary), and once gated C(gates), C(bench) and
-      C(quality).
+      C(failed_probes), C(probe_verdicts) (each probe's C(name) and C(passed)), C(summary), and
+      once gated C(gates), C(bench) and C(quality).
     - C(rollback) holds C(from), C(to) and C(files); C(rollback_proven) what the probes said of each
       instance the rollback brought back, by name.
   returned: always

@@ -18,13 +18,12 @@ from ansible_collections.biv100.serving.plugins.plugin_utils import _bench_recor
 from ansible_collections.biv100.serving.plugins.plugin_utils._canary_analysis import canary_record
 from ansible_collections.biv100.serving.plugins.plugin_utils._probe_summary import probe_summary
 
+# The host fact the record is: the serving_run action writes it, the ledger callback reads it.
+FACT = "serving_run"
+
 # The phases of a run, in the order a deploy meets them. A failure is named by the phase the
 # record is in: before the first phase the run only holds the host's lock.
 PHASES = ("lock", "stage", "guard", "engine", "probes", "gates", "canary", "mark", "rollback", "tune", "done")
-
-# What the serving_run action takes besides the phase: each the result of the module (or role)
-# that ends a phase, kept by the function of the same name below.
-RESULTS = ("staged", "guarded", "engine", "probed", "gated", "canary", "marked", "rolled_back", "tuned")
 
 # Engine options whose value is a secret: the record keeps that they were given, not the value.
 SECRET_OPTIONS = ("--api-key",)
@@ -122,8 +121,10 @@ def probed(record: dict, entry, result: dict) -> None:
     entry = _instance(entry, "probed")
     if "summary" not in result:
         return
+    # Of each probe, only its verdict: the canary analysis counts the share that passed.
+    verdicts = [{"name": probe.get("name"), "passed": bool(probe.get("passed"))} for probe in result.get("probes", [])]
     entry.update(probes=probe_summary(result), failed_probes=result.get("failed_probes", []),
-                 probe_results=result.get("probes", []), summary=result["summary"])
+                 probe_verdicts=verdicts, summary=result["summary"])
     if record["phase"] == "rollback":
         # What the rollback proved, instance by instance: the deploy's failure message ends with it.
         record.setdefault("rollback_proven", {})[record["instance"]] = probe_summary(result)
@@ -168,8 +169,11 @@ def tuned(record: dict, _entry, result: dict) -> None:
         record["tune"] = result["tune"]
 
 
+# What the serving_run action takes besides the phase: each the result of the module (or role)
+# that ends a phase, kept by the function of the same name above.
 KEEPERS = {"staged": staged, "guarded": guarded, "engine": engine, "probed": probed, "gated": gated,
            "canary": canary, "marked": marked, "rolled_back": rolled_back, "tuned": tuned}
+RESULTS = tuple(KEEPERS)
 
 
 def without_secrets(arguments: list) -> list:

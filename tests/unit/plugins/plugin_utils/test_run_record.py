@@ -76,5 +76,5 @@ def test_a_host_of_several_instances_has_a_ledger_line_per_instance_with_the_hos
                           probed={"summary": f"75/75 probes passed on {name}", "probes": []})
     lines = run_record.ledger_lines(record)
     assert sorted(lines) == ["gpu1/vllm-1", "gpu1/vllm-2"]
-    assert lines["gpu1/vllm-2"]["release"] == "sub511" and "probe_results" not in lines["gpu1/vllm-2"]
+    assert lines["gpu1/vllm-2"]["release"] == "sub511" and "probe_verdicts" not in lines["gpu1/vllm-2"]
     assert list(run_record.ledger_lines(boundary(phase="done"))) == ["gpu1"]
