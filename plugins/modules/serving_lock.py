@@ -17,6 +17,14 @@ description:
     with that holder's run id, user, controller, process, playbook, release and start time.
   - Taking the lock again in the run that holds it changes nothing, so every play of a
     deployment can take it.
+  - A run holds several hosts in two rounds. O(state=taking) marks each host's lock as this
+    run's but still being taken; once every host is taken, O(state=present) marks it held. A
+    run that finds another run still taking a host waits for it (up to O(wait) seconds) when
+    that run is the older, and is refused at once when it is the younger; a run refused at one
+    host gives back the others. Runs started together therefore end with exactly one of them
+    holding every host it wants, whatever order their tasks ran in, since a run only ever waits
+    for an older one. Runs are ordered by their O(run_id) (the playbooks begin it with the
+    run's start time).
   - The action of the same name, on the controller, says who holds the lock (this
     controller's host name, the user, the C(ansible-playbook) process). When the holder is a
     run started on this same controller whose C(ansible-playbook) process no longer runs (a
@@ -42,10 +50,20 @@ options:
     type: str
     required: true
   state:
-    description: Take the lock for this run, or release it.
+    description:
+      - Hold the lock for this run (V(present)), mark it taken but still being taken with the
+        run's other hosts (V(taking)), or release it (V(absent)).
+      - V(present) on a lock this run is taking marks it held.
     type: str
-    choices: [present, absent]
+    choices: [present, taking, absent]
     default: present
+  wait:
+    description:
+      - How long to wait, in seconds, for an older run still taking the lock, before this run
+        is refused. A run that is gone while taking is found out by the action, as for a held
+        lock, once this wait ends.
+    type: int
+    default: 60
   playbook:
     description: The playbook running the deployment, named in refusals.
     type: str
@@ -139,7 +157,7 @@ lock:
 holder:
   description:
     - Who holds the lock after the task; when the task is refused, the run holding it.
-    - Null when the lock is free.
+    - Null when the lock is free. C(taking) is true while that run is still taking its hosts.
   returned: always
   type: dict
   sample:
@@ -180,6 +198,7 @@ import contextlib
 import fcntl
 import json
 import os
+import time
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.biv100.serving.plugins.module_utils._run_processes import (
@@ -194,6 +213,9 @@ from ansible_collections.biv100.serving.plugins.module_utils._state_store import
     utc_timestamp,
     write_json,
 )
+
+# How often a run waiting for an older one looks at the lock again.
+POLL_SECONDS = 0.2
 
 
 @contextlib.contextmanager
@@ -240,11 +262,12 @@ def describe(holder):
         if holder.get(field)
     )
     since = " since %s" % holder["acquired_at"] if holder.get("acquired_at") else ""
-    return "run %s (%s)%s" % (holder.get("run_id"), ", ".join(details), since)
+    taking = ", still taking its other hosts" if holder.get("taking") else ""
+    return "run %s (%s)%s%s" % (holder.get("run_id"), ", ".join(details), since, taking)
 
 
 def our_holder(params):
-    return {
+    holder = {
         "run_id": params["run_id"],
         "controller": params["_controller"],
         "user": params["_user"],
@@ -253,6 +276,9 @@ def our_holder(params):
         "release": params["release"],
         "acquired_at": utc_timestamp(),
     }
+    if params["state"] == "taking":
+        holder["taking"] = True
+    return holder
 
 
 def may_take_over(params, holder):
@@ -288,11 +314,41 @@ def refuse_while_it_runs(module, path, holder):
     )
 
 
-def acquire(module, path, ours):
-    holder = read_holder(path)
+def older(holder, run_id):
+    """Whether the run holding the lock is older than run_id. Run ids begin with the run's start
+    time, so this is the runs' order; two begun in the same second are ordered by the rest of
+    their ids, the same way on every host, which is all the two rounds need."""
+    return str(holder.get("run_id")) < run_id
+
+
+def waits_for(params, holder, ours):
+    """Whether this run waits for the holder: an older run still taking its hosts, which will
+    hold them all or give them all back, once its round ends."""
+    return (
+        holder is not None
+        and holder.get("taking") is True
+        and holder.get("run_id") != ours["run_id"]
+        and older(holder, ours["run_id"])
+        and not may_take_over(params, holder)
+    )
+
+
+def acquire(module, path, ours, exclusive):
+    """Take the lock for ours, after waiting for an older run still taking it."""
+    deadline = time.monotonic() + module.params["wait"]
+    while True:
+        with exclusive():
+            holder = read_holder(path)
+            if not waits_for(module.params, holder, ours) or time.monotonic() >= deadline:
+                return settle(module, path, ours, holder)
+        # Outside the flock: the older run's own tasks need it to go on.
+        time.sleep(POLL_SECONDS)
+
+
+def settle(module, path, ours, holder):
     if holder is not None:
         if holder.get("run_id") == ours["run_id"]:
-            return dict(changed=False, holder=holder, msg="this run holds the lock")
+            return ours_already(module, path, ours, holder)
         if not may_take_over(module.params, holder):
             module.fail_json(
                 msg="%s is held by %s" % (path, describe(holder)), lock=path, holder=holder
@@ -303,11 +359,23 @@ def acquire(module, path, ours):
     return taken(path, ours, holder)
 
 
+def ours_already(module, path, ours, holder):
+    """This run has the lock: held stays held, and a lock it was taking becomes held."""
+    if not holder.get("taking") or ours.get("taking"):
+        return dict(changed=False, holder=holder, msg="this run holds the lock")
+    held = {key: value for key, value in holder.items() if key != "taking"}
+    if not module.check_mode:
+        write_json(path, held)
+    diff = {"before_header": path, "after_header": path, "before": lock_text(holder), "after": lock_text(held)}
+    return dict(changed=True, holder=held, msg="this run holds the lock, taken with its other hosts", diff=diff)
+
+
 def taken(path, ours, previous):
-    result = dict(changed=True, holder=ours, msg="this run took the lock")
+    verb = "is taking" if ours.get("taking") else "took"
+    result = dict(changed=True, holder=ours, msg="this run %s the lock" % verb)
     if previous is not None:
         result.update(
-            previous_holder=previous, msg="this run took the lock over from %s" % describe(previous)
+            previous_holder=previous, msg="this run %s the lock over from %s" % (verb, describe(previous))
         )
     result["diff"] = {
         "before_header": path,
@@ -343,7 +411,8 @@ def main():
     module = AnsibleModule(
         argument_spec=dict(
             run_id=dict(type="str", required=True),
-            state=dict(type="str", choices=["present", "absent"], default="present"),
+            state=dict(type="str", choices=["present", "taking", "absent"], default="present"),
+            wait=dict(type="int", default=60),
             playbook=dict(type="str"),
             release=dict(type="str"),
             break_lock=dict(type="bool", default=False),
@@ -360,13 +429,15 @@ def main():
     store = StateDir(params["state_dir"])
     path = store.lock
     # Check mode writes nothing, so it has nothing to serialise.
-    exclusive = contextlib.nullcontext() if module.check_mode else serialised(store.root)
+    def exclusive():
+        return contextlib.nullcontext() if module.check_mode else serialised(store.root)
+
     try:
-        with exclusive:
-            if params["state"] == "absent":
+        if params["state"] == "absent":
+            with exclusive():
                 result = release(module, path, params["run_id"])
-            else:
-                result = acquire(module, path, our_holder(params))
+        else:
+            result = acquire(module, path, our_holder(params), exclusive)
     except OSError as error:
         module.fail_json(msg="%s: %s" % (error.filename or path, error.strerror), lock=path)
     if not module._diff:

@@ -5,7 +5,9 @@ from __future__ import annotations
 import json
 import multiprocessing
 import os
+import random
 import sys
+from pathlib import Path
 
 import pytest
 from ansible.module_utils.testing import patch_module_args
@@ -168,6 +170,149 @@ def test_an_unreadable_lock_still_holds_the_host(lock, lock_path):
     assert failed and "unreadable lock" in result["msg"] and str(lock_path) in result["msg"]
     failed, result = lock(break_lock=True)
     assert not failed and holder_in(lock_path)["run_id"] == "run-1"
+
+
+# --- two rounds: taking, then held --------------------------------------------------------
+
+
+def test_a_lock_taken_in_the_first_round_is_marked_held_in_the_second(lock, lock_path):
+    failed, result = lock(state="taking")
+    assert not failed and result["changed"] is True and result["msg"] == "this run is taking the lock"
+    taking = holder_in(lock_path)
+    assert taking["taking"] is True and taking["run_id"] == "run-1"
+    failed, result = lock(state="taking")
+    assert not failed and result["changed"] is False and holder_in(lock_path) == taking
+    failed, result = lock()
+    assert not failed and result["changed"] is True
+    held = holder_in(lock_path)
+    assert held == {key: value for key, value in taking.items() if key != "taking"}
+    assert result["holder"] == held
+    # Held stays held: a later first round of the same run does not undo the second.
+    failed, result = lock(state="taking")
+    assert not failed and result["changed"] is False and holder_in(lock_path) == held
+
+
+def older_run_taking(**fields):
+    # Begun a second before run-2 (ids begin with the run's start time).
+    return dict(OTHER, run_id="20260508T221003Z-118", taking=True, **fields)
+
+
+def our_later_run(lock):
+    def run(**args):
+        return lock(run_id="20260508T221004Z-9", **args)
+
+    return run
+
+
+def once_the_older_run_ends_its_round(monkeypatch, lock_path, then):
+    """Where this run would wait, the older run's round ends: `then` is what it leaves."""
+    waits = []
+
+    def older_round_ends(_seconds):
+        waits.append(holder_in(lock_path))
+        if then is None:
+            lock_path.unlink()
+        else:
+            held_by(lock_path, then)
+
+    monkeypatch.setattr(serving_lock.time, "sleep", older_round_ends)
+    return waits
+
+
+def test_a_run_waits_for_an_older_one_still_taking_and_is_refused_once_it_holds(lock, lock_path, monkeypatch):
+    held_by(lock_path, older_run_taking())
+    held = dict(OTHER, run_id="20260508T221003Z-118")
+    waits = once_the_older_run_ends_its_round(monkeypatch, lock_path, then=held)
+    failed, result = our_later_run(lock)(state="taking")
+    assert waits == [older_run_taking()]
+    assert failed and result["holder"] == held and holder_in(lock_path) == held
+    assert "is held by run 20260508T221003Z-118" in result["msg"]
+
+
+def test_a_run_waits_for_an_older_one_still_taking_and_takes_the_lock_it_gives_back(lock, lock_path, monkeypatch):
+    held_by(lock_path, older_run_taking())
+    waits = once_the_older_run_ends_its_round(monkeypatch, lock_path, then=None)
+    failed, result = our_later_run(lock)(state="taking")
+    assert len(waits) == 1
+    assert not failed and holder_in(lock_path)["run_id"] == "20260508T221004Z-9"
+    assert "previous_holder" not in result
+
+
+def test_an_older_run_is_refused_at_once_by_a_younger_one_still_taking(lock, lock_path, monkeypatch):
+    younger = dict(OTHER, run_id="20260508T221004Z-9", taking=True)
+    held_by(lock_path, younger)
+    waits = once_the_older_run_ends_its_round(monkeypatch, lock_path, then=None)
+    failed, result = lock(run_id="20260508T221003Z-118", state="taking")
+    assert failed and not waits and holder_in(lock_path) == younger
+    assert result["msg"].endswith("since 2026-05-08T22:10:04Z, still taking its other hosts")
+
+
+def test_a_run_still_taking_past_the_wait_refuses_the_younger_naming_it(lock, lock_path, monkeypatch):
+    held_by(lock_path, older_run_taking())
+    waits = once_the_older_run_ends_its_round(monkeypatch, lock_path, then=older_run_taking())
+    failed, result = our_later_run(lock)(state="taking", wait=0)
+    assert failed and not waits and holder_in(lock_path) == older_run_taking()
+    assert "is held by run 20260508T221003Z-118" in result["msg"]
+    assert result["msg"].endswith("still taking its other hosts")
+
+
+def test_breaking_the_lock_of_an_older_run_still_taking_does_not_wait(lock, lock_path, monkeypatch):
+    held_by(lock_path, older_run_taking())
+    waits = once_the_older_run_ends_its_round(monkeypatch, lock_path, then=None)
+    failed, result = our_later_run(lock)(state="taking", break_lock=True)
+    assert not failed and not waits and result["previous_holder"] == older_run_taking()
+
+
+def take_every_host(args, hosts, out, start):
+    """One run's two rounds, as the lock role plays them, in its own process: every host as
+    taking, then every host held, or what it took given back at the first refusal."""
+    sys.stdout = open(os.devnull, "w")
+    start.wait()
+
+    def module(state_dir, **extra):
+        with patch_module_args(dict(args, state_dir=state_dir, **extra)):
+            try:
+                serving_lock.main()
+            except SystemExit as exit_info:
+                return exit_info.code == 0
+        return True
+
+    taken = []
+    for state_dir in hosts:
+        if not module(state_dir, state="taking"):
+            for held in taken:
+                module(held, state="absent")
+            break
+        taken.append(state_dir)
+    else:
+        for state_dir in hosts:
+            module(state_dir)
+    with open(out, "w") as result:
+        json.dump(len(taken) == len(hosts), result)
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_of_runs_taking_the_same_hosts_in_any_order_exactly_one_holds_them_all(tmp_path, seed):
+    """Each run takes the hosts in an order of its own (the forks of a play finish in any
+    order), at the same instant as the others."""
+    hosts = [str(tmp_path / ("host-%d" % index)) for index in range(3)]
+    order = random.Random(seed)
+    context = multiprocessing.get_context("fork")
+    start = context.Barrier(4)
+    runs = []
+    for index in range(4):
+        args = dict(OURS, run_id="20260508T221003Z-%d" % index, wait=30)
+        out = tmp_path / ("run-%d.json" % index)
+        child = context.Process(target=take_every_host, args=(args, order.sample(hosts, 3), str(out), start))
+        child.start()
+        runs.append((args["run_id"], child, out))
+    for _run_id, child, _out in runs:
+        child.join(120)
+    winners = [run_id for run_id, _child, out in runs if json.loads(out.read_text())]
+    assert len(winners) == 1
+    for state_dir in hosts:
+        holder = holder_in(Path(state_dir) / "lock")
+        assert holder["run_id"] == winners[0] and "taking" not in holder
 
 
 def test_releasing_our_lock_removes_it(lock, lock_path):
