@@ -10,7 +10,9 @@ from ansible_collections.biv100.serving.plugins.plugin_utils._engine_instances i
     engine_instances,
     engine_start_order,
     instance_record,
+    instance_with,
     recorded_instance,
+    restored_instances,
 )
 
 
@@ -18,4 +20,5 @@ class FilterModule:
     def filters(self):
         return {"engine_instances": engine_instances, "engine_instance_problems": engine_instance_problems,
                 "engine_start_order": engine_start_order,
-                "instance_record": instance_record, "recorded_instance": recorded_instance}
+                "instance_record": instance_record, "recorded_instance": recorded_instance,
+                "instance_with": instance_with, "restored_instances": restored_instances}

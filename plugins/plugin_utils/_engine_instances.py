@@ -101,6 +101,49 @@ def engine_instances(instances, host: str, engine: dict, gpus: dict | None = Non
     return [_complete(instance, engine) for instance in resolved]
 
 
+def instance_with(instance: dict, settings: dict | None = None, place: dict | None = None,
+                  name: str | None = None, label: str | None = None) -> dict:
+    """The instance made again with other settings (any of RECORDED, each replaced whole: a key
+    of engine_args left out is unset) or another place (PLACE), as engine_instances makes it.
+
+    An instance carries all it was made from (its command before the arguments, the model, the
+    parsers, whether a key is required), so a candidate of the tuner or an instance a release
+    recorded is made from the host's value alone, never from the inventory again. How many GPUs
+    placement left free (free_left, for the facts' problems) is not carried.
+    """
+    record, full_args = instance["record"], instance["full_args"]
+    base_command = instance["command"][:len(instance["command"]) - len(engine_cli_args(full_args))]
+    engine = {"model_path": full_args["model"], "served_model_name": full_args["served_model_name"],
+              "host": full_args["host"], "tool_call_parser": full_args["tool_call_parser"],
+              "reasoning_parser": full_args["reasoning_parser"], "command": base_command,
+              "api_key_set": record["api_key_set"]}
+    chosen = {**{key: record[key] for key in RECORDED},
+              **{key: value for key, value in (settings or {}).items() if key in RECORDED and value is not None}}
+    where = {**{key: record[key] for key in PLACE},
+             **{key: value for key, value in (place or {}).items() if key in PLACE and value not in (None, "")}}
+    made = {"name": name or instance["name"], "label": label or instance["label"], **where,
+            "gpus": chosen["visible_devices"] or where["gpus"], "settings": chosen}
+    # Its GPUs are named now, as a release records them: the group they make, as _place gives it.
+    made["group"] = _group(made)
+    return _complete(made, engine)
+
+
+def restored_instances(instances: list[dict], restore: dict | None) -> list[dict]:
+    """The host's instances as a release record ran them: the instances it names, each with the
+    place and settings recorded for it (the host's instance of that name, else its first, gives
+    what the record lacks); the host's instances themselves when it names none."""
+    recorded = (restore or {}).get("instances") or {}
+    if not recorded or not instances:
+        return list(instances)
+    if not isinstance(recorded, dict):
+        raise AnsibleFilterError(f"engine_restore.instances is {type(recorded).__name__}: a mapping of instance names")
+    host = str(instances[0]["label"]).split("/")[0]
+    by_name = {instance["name"]: instance for instance in instances}
+    return [instance_with(by_name.get(str(name), instances[0]), entry, entry, name=str(name),
+                          label=host if len(recorded) == 1 else f"{host}/{name}")
+            for name, entry in recorded.items()]
+
+
 def _recorded_layout(restore: dict | None, listed: list[dict]) -> list[dict]:
     """The instances a release record names, each in the place recorded for it; the inventory's
     entry of the same name stands in for what the record lacks."""

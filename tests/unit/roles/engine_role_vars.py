@@ -43,7 +43,11 @@ def render(request: dict) -> dict:
     # As tasks_from: instances decides them and tasks_from: check judges them.
     instances = templar.template(trust_as_template(
         "{{ engine_instances | biv100.serving.engine_instances(inventory_hostname, engine_instance_defaults,"
-        " gpus=ansible_facts.gpu_facts, restore=engine_restore or none) }}"))
+        " gpus=ansible_facts.gpu_facts) }}"))
+    if request.get("restore"):
+        # As the rollback role makes the instances a release recorded from the host's.
+        instances = Templar(loader=loader, variables={"instances": instances, "restore": request["restore"]}).template(
+            trust_as_template("{{ instances | biv100.serving.restored_instances(restore) }}"))
     problems = Templar(loader=loader, variables={**variables, "instances": instances}).template(trust_as_template(
         "{{ instances | biv100.serving.engine_instance_problems(inventory_hostname, ansible_facts.gpu_facts) }}"))
     # The env file of the first instance, as the engine role writes it.

@@ -29,8 +29,8 @@ def vault_inline(value: str) -> str:
     return "!vault |\n" + "".join(f"  {line}\n" for line in blob.splitlines())
 
 
-def render(inventory: str = "") -> dict:
-    request = {"vault_password": VAULT_PASSWORD, "inventory": inventory}
+def render(inventory: str = "", restore: dict | None = None) -> dict:
+    request = {"vault_password": VAULT_PASSWORD, "inventory": inventory, "restore": restore}
     done = subprocess.run([sys.executable, str(RENDERER)], input=json.dumps(request),
                           capture_output=True, text=True, check=False)
     assert done.returncode == 0, done.stderr
@@ -70,8 +70,7 @@ def test_a_restored_release_runs_with_the_current_key():
     recorded = {"instances": {"vllm": {
         "args": {**SUB168, "max_num_seqs": 4}, "allocator": {"max_split_size_mb": 512}, "env": {},
         "visible_devices": "", "allow_long_max_model_len": False, "api_key_set": True}}}
-    restored = render(f"engine_api_key: {vault_inline(SECRET)}\n"
-                      f"engine_restore: {json.dumps(recorded)}\n")
+    restored = render(f"engine_api_key: {vault_inline(SECRET)}\n", restore=recorded)
 
     assert f"\nVLLM_API_KEY={SECRET}\n" in restored["engine_env_file_content"]
     launch = restored["instances"][0]["command"]

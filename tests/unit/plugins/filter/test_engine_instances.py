@@ -10,7 +10,9 @@ from ansible_collections.biv100.serving.plugins.filter.engine_instances import (
     engine_instances,
     engine_start_order,
     instance_record,
+    instance_with,
     recorded_instance,
+    restored_instances,
 )
 
 # The engine role's own variables (engine_instance_defaults), as the role's defaults set them.
@@ -248,4 +250,39 @@ def test_instances_in_no_running_engines_way_start_first():
 
 def test_the_filters_are_registered():
     assert set(FilterModule().filters()) == {"engine_instances", "engine_instance_problems", "instance_record",
-                                             "recorded_instance", "engine_start_order"}
+                                             "recorded_instance", "engine_start_order", "instance_with",
+                                             "restored_instances"}
+
+
+# --- an instance made again from its own value ----------------------------------------------
+
+
+def test_an_instance_made_again_with_its_own_settings_is_the_same_value():
+    for listed in ([], [{"name": "vllm-1"}, {"name": "vllm-2", "engine_args": {"max_num_seqs": 8}}]):
+        for instance in resolve(listed, gpus(8), env={"X": "1"}, api_key_set=True, allow_long_max_model_len=True):
+            placed = {key: value for key, value in instance.items() if key != "free_left"}
+            assert instance_with(instance) == placed
+
+
+def test_a_candidates_settings_replace_the_instances_whole_as_the_inventory_would_make_them():
+    (incumbent,) = resolve([], gpus(8))
+    candidate = {"args": {**SUB168, "max_num_seqs": 8}, "allocator": {"expandable_segments": True}, "env": {"Y": "2"}}
+    (expected,) = resolve([], gpus(8), args=candidate["args"], allocator=candidate["allocator"], env=candidate["env"])
+    expected.pop("free_left")
+    assert instance_with(incumbent, candidate) == expected
+    # A setting left out (None) stays as it was.
+    assert instance_with(incumbent, {"args": candidate["args"], "env": None})["env"] == incumbent["env"]
+
+
+def test_restored_instances_are_those_engine_instances_restores_from_the_same_record():
+    two = resolve([{"name": "vllm-1"}, {"name": "vllm-2", "engine_args": {"max_num_seqs": 8}}], gpus(8),
+                  env={"X": "1"})
+    of_two = {"instances": {instance["name"]: instance["record"] for instance in two}}
+    (one,) = resolve([], gpus(8))
+    assert restored_instances([one], of_two) == resolve([], gpus(8), restore=of_two)
+    now_two = resolve([{"name": "vllm-1", "port": 9000}, {"name": "vllm-2"}], gpus(8))
+    back = {"instances": {"vllm": one["record"]}}
+    assert restored_instances(now_two, back) == resolve([{"name": "vllm-1", "port": 9000}, {"name": "vllm-2"}],
+                                                        gpus(8), restore=back)
+    # A record that names no instance (the vendor's files) leaves the host's as they are.
+    assert restored_instances(now_two, None) == now_two and restored_instances(now_two, {}) == now_two
