@@ -64,6 +64,13 @@ options:
   rolled_back:
     description: The result of P(biv100.serving.serving_rollback#module); the host enters the rollback phase.
     type: dict
+  verified:
+    description:
+      - verify.yml's checks of O(instance) - C(engine), the result of
+        P(biv100.serving.engine_process#module) with state status, and C(probes), that of
+        P(biv100.serving.engine_probe#module). The instance keeps its C(findings), one sentence
+        each, and its C(healthy) line.
+    type: dict
   tuned:
     description: The result of P(biv100.serving.tune_search#module) that proposed (or did not).
     type: dict
@@ -118,7 +125,7 @@ record:
     - C(instances) holds per instance its C(label), C(engine) (the settings the release records),
       C(restarted), C(engine_args) (an C(--api-key) value masked), C(probes) (one line),
       C(failed_probes), C(probe_verdicts) (each probe's C(name) and C(passed)), C(summary), and
-      once gated C(gates), C(bench) and C(quality).
+      once gated C(gates), C(bench) and C(quality); once verified, C(findings) and C(healthy).
     - C(rollback) holds C(from), C(to) and C(files); C(rollback_proven) what the probes said of each
       instance the rollback brought back, by name.
   returned: always

@@ -17,6 +17,7 @@ from __future__ import annotations
 from ansible_collections.biv100.serving.plugins.plugin_utils import _bench_record as bench_record
 from ansible_collections.biv100.serving.plugins.plugin_utils._canary_analysis import canary_record
 from ansible_collections.biv100.serving.plugins.plugin_utils._probe_summary import probe_summary
+from ansible_collections.biv100.serving.plugins.plugin_utils._verify_findings import healthy_line, instance_findings
 
 # The host fact the record is: the serving_run action writes it, the ledger callback reads it.
 FACT = "serving_run"
@@ -164,6 +165,16 @@ def rolled_back(record: dict, _entry, result: dict) -> None:
     record.update(release=target, state="rolled back")
 
 
+def verified(record: dict, entry, result: dict) -> None:
+    """verify.yml's checks of an instance ({engine: engine_process state=status, probes:
+    engine_probe}): what differs from the desired engine, one sentence each, and the line a
+    healthy instance is reported with."""
+    entry = _instance(entry, "verified")
+    engine_status, probes = result.get("engine") or {}, result.get("probes") or {}
+    entry.update(findings=instance_findings(engine_status, probes),
+                 healthy=healthy_line(entry.get("label", record["instance"]), engine_status, probes))
+
+
 def tuned(record: dict, _entry, result: dict) -> None:
     if isinstance(result.get("tune"), dict):
         record["tune"] = result["tune"]
@@ -172,7 +183,7 @@ def tuned(record: dict, _entry, result: dict) -> None:
 # What the serving_run action takes besides the phase: each the result of the module (or role)
 # that ends a phase, kept by the function of the same name above.
 KEEPERS = {"staged": staged, "guarded": guarded, "engine": engine, "probed": probed, "gated": gated,
-           "canary": canary, "marked": marked, "rolled_back": rolled_back, "tuned": tuned}
+           "canary": canary, "marked": marked, "rolled_back": rolled_back, "verified": verified, "tuned": tuned}
 RESULTS = tuple(KEEPERS)
 
 

@@ -7,6 +7,7 @@ import re
 
 import pytest
 
+from ansible_collections.biv100.serving.plugins.filter.verify_problems import verify_problems
 from ansible_collections.biv100.serving.plugins.plugin_utils import _run_record as run_record
 
 INSTANCE = {"name": "vllm-2", "label": "gpu1/vllm-2", "record": {"args": {"max_num_seqs": 2}}}
@@ -31,6 +32,20 @@ def test_a_run_starts_holding_the_lock_and_each_boundary_keeps_what_its_phase_pr
     assert entry["engine"] == INSTANCE["record"] and entry["restarted"] is True
     assert entry["engine_args"] == ["--port", "8001"] and entry["summary"] == "75/75 probes passed"
     assert (record["phase"], record["instance"]) == ("gates", "vllm-2")
+
+
+def test_verify_keeps_each_instances_findings_and_its_healthy_line():
+    record = boundary(boundary(), phase="done", instance=INSTANCE, verified={
+        "engine": {"running": True, "pid": 4242, "drift": ["argument --max-num-seqs: running 4, desired 2"]},
+        "probes": {"summary": "74/75 probes passed", "probes": [
+            {"name": "n-two", "passed": False, "guards": "n above max_num_seqs", "failed_expectation": "status 200"}]}})
+    entry = record["instances"]["vllm-2"]
+    assert entry["findings"] == ["engine drift: argument --max-num-seqs: running 4, desired 2",
+                                 "probe n-two failed (guards: n above max_num_seqs): expected status 200"]
+    assert entry["healthy"] == "gpu1/vllm-2: engine pid 4242, 74/75 probes passed"
+    # What the filter reports of the host takes the instance's findings as the record kept them.
+    assert verify_problems({"guard": {"guard": {"mismatches": []}}, "release": {"release": "sub511"},
+                            "instances": record["instances"]}) == entry["findings"]
 
 
 def test_a_failure_names_the_instance_the_phase_and_the_task_in_one_line():
