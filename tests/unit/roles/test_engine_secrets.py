@@ -208,8 +208,8 @@ def exposures() -> list[str]:
 
 
 def test_the_key_and_the_variables_made_from_it_are_known():
-    assert carriers() == {KEY, "engine_env_file_content", "probe_api_key", "gates_api_key", "rollback_api_key",
-                          "tune_api_key"}
+    assert carriers() == {KEY, "engine_env_file_content", "probe_api_key", "gates_api_key", "canary_api_key",
+                          "rollback_api_key", "tune_api_key"}
 
 
 def test_every_task_that_carries_the_key_keeps_it_out_of_its_output():
