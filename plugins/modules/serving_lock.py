@@ -428,6 +428,7 @@ def main():
     params = module.params
     store = StateDir(params["state_dir"])
     path = store.lock
+
     # Check mode writes nothing, so it has nothing to serialise.
     def exclusive():
         return contextlib.nullcontext() if module.check_mode else serialised(store.root)

@@ -137,7 +137,7 @@ def restored_instances(instances: list[dict], restore: dict | None) -> list[dict
         return list(instances)
     if not isinstance(recorded, dict):
         raise AnsibleFilterError(f"engine_restore.instances is {type(recorded).__name__}: a mapping of instance names")
-    host = str(instances[0]["label"]).split("/")[0]
+    host = str(instances[0]["label"]).split("/", maxsplit=1)[0]
     by_name = {instance["name"]: instance for instance in instances}
     return [instance_with(by_name.get(str(name), instances[0]), entry, entry, name=str(name),
                           label=host if len(recorded) == 1 else f"{host}/{name}")
