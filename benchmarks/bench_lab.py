@@ -32,10 +32,15 @@ def work_dir(prefix: str) -> Iterator[Path]:
 
 
 def timed_playbook(playbook: str, inventory: Path, extravars: dict, options: list[str],
-                   checkout: Path = REPO) -> float:
-    """Seconds one playbook run of `checkout` (its ansible.cfg, so its own collection) takes."""
+                   checkout: Path = REPO, task_times: Path | None = None) -> float:
+    """Seconds one playbook run of `checkout` (its ansible.cfg, so its own collection) takes;
+    with task_times, each task's seconds are appended there (callbacks/task_times.py)."""
     env = dict(os.environ, ANSIBLE_CONFIG=str(checkout / "ansible.cfg"),
                PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}")
+    if task_times is not None:
+        # Beside the ledger callback ansible.cfg enables, which every run of the collection has.
+        env.update(ANSIBLE_CALLBACK_PLUGINS=str(REPO / "benchmarks" / "callbacks"),
+                   ANSIBLE_CALLBACKS_ENABLED="biv100.serving.ledger,task_times", BIV100_TASK_TIMES=str(task_times))
     command = ["ansible-playbook", playbook, "-i", str(inventory), "-e", json.dumps(extravars), *options]
     started = time.perf_counter()
     finished = subprocess.run(command, cwd=checkout, env=env, capture_output=True, text=True, check=False)

@@ -1,6 +1,6 @@
 """Deploy one payload to 4 and 8 lab hosts with the collection and with a naive copy loop.
 
-    .venv/bin/python benchmarks/stage_vs_naive.py [--hosts 4 8 16]
+    .venv/bin/python benchmarks/stage_vs_naive.py [--hosts 4 8 16] [--profile build/profile]
 
 The payload is the shipped one (less the registry patch, which only some hosts take) plus
 whole-file overlays of vLLM 0.10.1.1's tool parsers and reasoning parsers: about 40 files.
@@ -69,15 +69,20 @@ def render(rendered: Path, dest: str, text: str) -> dict:
     return {"src": str(path), "dest": dest}
 
 
-def measure(n_hosts: int, lab_dir: Path, plays: dict[str, tuple[str, dict, list[str]]]) -> dict[str, tuple[float, ...]]:
+def measure(n_hosts: int, lab_dir: Path, plays: dict[str, tuple[str, dict, list[str]]],
+            profile: Path | None = None) -> dict[str, tuple[float, ...]]:
     """First and no-change run of each play, each first run on freshly built hosts; then, on
-    the last play's hosts, Ansible's floor and ssh's."""
+    the last play's hosts, Ansible's floor and ssh's. With profile, the collection's runs write
+    their seconds task by task to <profile>/<hosts>-first.txt and -no-change.txt."""
     times = {}
     for name, (playbook, extravars, options) in plays.items():
         built = lab_builder.up(n_hosts=n_hosts, lab_dir=lab_dir, rebuild=True)
+        profiled = profile if name == "collection" else None
         try:
-            first = timed_playbook(playbook, built.inventory_path, extravars, options)
-            again = timed_playbook(playbook, built.inventory_path, extravars, options)
+            first = timed_playbook(playbook, built.inventory_path, extravars, options,
+                                   task_times=profiled and profiled / f"{n_hosts}-first.txt")
+            again = timed_playbook(playbook, built.inventory_path, extravars, options,
+                                   task_times=profiled and profiled / f"{n_hosts}-no-change.txt")
             if name == "collection":
                 times["ping"] = (timed_playbook("benchmarks/ping.yml", built.inventory_path, {}, []),)
                 times["ssh"] = (ssh_floor(built),)
@@ -99,6 +104,7 @@ def ssh_floor(built) -> float:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--hosts", type=int, nargs="+", default=[4, 8])
+    parser.add_argument("--profile", type=Path, help="a folder for the collection's seconds, task by task")
     args = parser.parse_args()
     base = vllm_sources.ensure_tree(vllm_sources.LAB_BASE_VERSION) / "vllm"
     with work_dir("biv100-bench-") as work:
@@ -113,7 +119,9 @@ def main() -> int:
         print(f"{'hosts':>5}  {'run':<9}  {'collection':>10}  {'naive':>8}  {'collection/naive':>16}"
               f"  {'ansible ping':>12}  {'ssh true':>8}  {'collection/ping':>15}")
         for n_hosts in args.hosts:
-            times = measure(n_hosts, work / "lab", plays)
+            if args.profile:
+                args.profile.mkdir(parents=True, exist_ok=True)
+            times = measure(n_hosts, work / "lab", plays, args.profile and args.profile.resolve())
             (ping,), (ssh,) = times["ping"], times["ssh"]
             for index, run in enumerate(("first", "no-change")):
                 ours, naive = times["collection"][index], times["naive"][index]
