@@ -59,9 +59,9 @@ options:
     default: present
   wait:
     description:
-      - How long to wait, in seconds, for an older run still taking the lock, before this run
-        is refused. A run that is gone while taking is found out by the action, as for a held
-        lock, once this wait ends.
+      - How long an older run may take the lock, in seconds from when it began, before this run
+        stops waiting for it and is refused. A run still taking after that is stuck or gone (its
+        two rounds take seconds); the action then judges it as it does a held lock.
     type: int
     default: 60
   playbook:
@@ -194,6 +194,7 @@ previous_holder:
     acquired_at: "2026-05-08T22:10:04Z"
 """
 
+import calendar
 import contextlib
 import fcntl
 import json
@@ -207,6 +208,7 @@ from ansible_collections.biv100.serving.plugins.module_utils._run_processes impo
 )
 from ansible_collections.biv100.serving.plugins.module_utils._state_store import (
     DEFAULT_STATE_DIR,
+    TIMESTAMP_FORMAT,
     StateDir,
     fsync_dir,
     read_json,
@@ -333,13 +335,29 @@ def waits_for(params, holder, ours):
     )
 
 
+def taking_since(holder):
+    """When the holder began taking the lock (seconds since the epoch), None when it does not say."""
+    try:
+        return calendar.timegm(time.strptime(str(holder.get("acquired_at") or ""), TIMESTAMP_FORMAT))
+    except ValueError:
+        return None
+
+
 def acquire(module, path, ours, exclusive):
-    """Take the lock for ours, after waiting for an older run still taking it."""
-    deadline = time.monotonic() + module.params["wait"]
+    """Take the lock for ours, after waiting for an older run still taking it.
+
+    An older run gets `wait` seconds from when it began taking the host (from when this run
+    began waiting, when its lock does not say): its two rounds take seconds, so one still taking
+    after that is stuck or gone, and is refused at once, for the action to judge.
+    """
+    began_waiting = time.time()
     while True:
         with exclusive():
             holder = read_holder(path)
-            if not waits_for(module.params, holder, ours) or time.monotonic() >= deadline:
+            if not waits_for(module.params, holder, ours):
+                return settle(module, path, ours, holder)
+            since = taking_since(holder)
+            if time.time() >= (began_waiting if since is None else since) + module.params["wait"]:
                 return settle(module, path, ours, holder)
         # Outside the flock: the older run's own tasks need it to go on.
         time.sleep(POLL_SECONDS)

@@ -7,6 +7,7 @@ import multiprocessing
 import os
 import random
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -193,8 +194,10 @@ def test_a_lock_taken_in_the_first_round_is_marked_held_in_the_second(lock, lock
 
 
 def older_run_taking(**fields):
-    # Begun a second before run-2 (ids begin with the run's start time).
-    return dict(OTHER, run_id="20260508T221003Z-118", taking=True, **fields)
+    """A run begun a second before ours (ids begin with the run's start time), taking the lock
+    since a moment ago."""
+    return {**OTHER, "run_id": "20260508T221003Z-118", "taking": True,
+            "acquired_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), **fields}
 
 
 def our_later_run(lock):
@@ -220,11 +223,12 @@ def once_the_older_run_ends_its_round(monkeypatch, lock_path, then):
 
 
 def test_a_run_waits_for_an_older_one_still_taking_and_is_refused_once_it_holds(lock, lock_path, monkeypatch):
-    held_by(lock_path, older_run_taking())
+    taking = older_run_taking()
+    held_by(lock_path, taking)
     held = dict(OTHER, run_id="20260508T221003Z-118")
     waits = once_the_older_run_ends_its_round(monkeypatch, lock_path, then=held)
     failed, result = our_later_run(lock)(state="taking")
-    assert waits == [older_run_taking()]
+    assert waits == [taking]
     assert failed and result["holder"] == held and holder_in(lock_path) == held
     assert "is held by run 20260508T221003Z-118" in result["msg"]
 
@@ -247,11 +251,14 @@ def test_an_older_run_is_refused_at_once_by_a_younger_one_still_taking(lock, loc
     assert result["msg"].endswith("since 2026-05-08T22:10:04Z, still taking its other hosts")
 
 
-def test_a_run_still_taking_past_the_wait_refuses_the_younger_naming_it(lock, lock_path, monkeypatch):
-    held_by(lock_path, older_run_taking())
-    waits = once_the_older_run_ends_its_round(monkeypatch, lock_path, then=older_run_taking())
-    failed, result = our_later_run(lock)(state="taking", wait=0)
-    assert failed and not waits and holder_in(lock_path) == older_run_taking()
+@pytest.mark.parametrize("began", ["2026-05-08T22:10:04Z", "now"], ids=["long-ago", "wait-0"])
+def test_a_run_still_taking_past_the_wait_refuses_the_younger_at_once_naming_it(lock, lock_path, monkeypatch, began):
+    # Begun taking longer ago than the wait, or now with no wait: stuck or gone.
+    stuck = older_run_taking(**({} if began == "now" else {"acquired_at": began}))
+    held_by(lock_path, stuck)
+    waits = once_the_older_run_ends_its_round(monkeypatch, lock_path, then=None)
+    failed, result = our_later_run(lock)(state="taking", wait=0 if began == "now" else 60)
+    assert failed and not waits and holder_in(lock_path) == stuck
     assert "is held by run 20260508T221003Z-118" in result["msg"]
     assert result["msg"].endswith("still taking its other hosts")
 
