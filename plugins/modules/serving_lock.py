@@ -19,8 +19,8 @@ description:
     deployment can take it.
   - A run holds several hosts in two rounds. O(state=taking) marks each host's lock as this
     run's but still being taken; once every host is taken, O(state=present) marks it held. A
-    run that finds another run still taking a host waits for it (up to O(wait) seconds) when
-    that run is the older, and is refused at once when it is the younger; a run refused at one
+    run that finds another run still taking a host waits for it (up to O(wait) seconds from when
+    that run began taking it) when that run is the older, and is refused at once when it is the younger; a run refused at one
     host gives back the others. Runs started together therefore end with exactly one of them
     holding every host it wants, whatever order their tasks ran in, since a run only ever waits
     for an older one. Runs are ordered by their O(run_id) (the playbooks begin it with the
