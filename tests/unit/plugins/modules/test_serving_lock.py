@@ -264,10 +264,11 @@ def test_a_run_still_taking_past_the_wait_refuses_the_younger_at_once_naming_it(
 
 
 def test_breaking_the_lock_of_an_older_run_still_taking_does_not_wait(lock, lock_path, monkeypatch):
-    held_by(lock_path, older_run_taking())
+    taking = older_run_taking()
+    held_by(lock_path, taking)
     waits = once_the_older_run_ends_its_round(monkeypatch, lock_path, then=None)
     failed, result = our_later_run(lock)(state="taking", break_lock=True)
-    assert not failed and not waits and result["previous_holder"] == older_run_taking()
+    assert not failed and not waits and result["previous_holder"] == taking
 
 
 def take_every_host(args, hosts, out, start):
