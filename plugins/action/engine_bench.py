@@ -93,7 +93,7 @@ class ActionModule(ActionBase):
                                     "VLLM_API_KEY) instead of api_key")
         if args["gate"] is None:
             raise AnsibleActionFail("gate is required: the score a release must reach (the gates role passes "
-                                    "gates_competition's throughput score)")
+                                    "serving_competition's throughput score)")
         if args["detach"] and args["attach"]:
             raise AnsibleActionFail("detach and attach exclude each other: detach starts a benchmark job and "
                                     "returns it, attach follows the job a detached task returned")

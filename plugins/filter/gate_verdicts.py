@@ -4,7 +4,7 @@
 """gate_verdicts: whether a release clears each of the competition's gates, one verdict each.
 
 Which gates apply and their bounds are the caller's: the gates role passes serving_gates over
-gates_competition, the one definition of the competition, in its defaults."""
+serving_competition, the one definition of the competition, in the serving role's defaults."""
 
 from __future__ import annotations
 
@@ -24,7 +24,7 @@ def gate_verdicts(gates: dict, probes: dict | None = None, bench: dict | None = 
     unknown = [name for name in gates if name != FUNCTIONAL and name not in measured]
     if unknown:
         raise ValueError(f"serving_gates names no such gate: {', '.join(sorted(unknown))} "
-                         "(gates_competition, in the gates role's defaults, names every gate there is)")
+                         "(serving_competition, in the serving role's defaults, names every gate there is)")
     return [dict(gate=name, **(_functional(name, bounds or {}, probes) if name == FUNCTIONAL
                                else _measured(measured[name])))
             for name, bounds in gates.items()]
@@ -37,7 +37,7 @@ def _ran(result: dict | None) -> bool:
 def _functional(name: str, bounds: dict, probes: dict | None) -> dict:
     if "min_probes" not in bounds:
         raise ValueError(f"serving_gates.{name}.min_probes is missing: how many probes must pass (the "
-                         "gates role's gates_competition has the competition's)")
+                         "serving role's serving_competition has the competition's)")
     if not _ran(probes) or "probes" not in probes:
         return {"passed": None, "summary": "not probed"}
     verdicts = probes["probes"]

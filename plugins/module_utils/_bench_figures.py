@@ -119,7 +119,7 @@ def output_rate(record):
 
 def weights_of(weights):
     """{output, input} as floats. The weights have no default: they are the competition's, which
-    the gates role passes (gates_competition in its defaults)."""
+    the gates role passes (serving_competition in the serving role's defaults)."""
     return {"output": float(weights["output"]), "input": float(weights["input"])}
 
 

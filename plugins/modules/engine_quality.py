@@ -61,8 +61,8 @@ options:
     description:
       - How far the score may deviate from O(baseline.score), relative to it and both ways -
         a score above the baseline's by more misses the gate too.
-      - V(0.04) is the competition's 4 %, which the gates role passes from C(gates_competition)
-        in its defaults.
+      - V(0.04) is the competition's 4 %, which the gates role passes from the serving role's
+        C(serving_competition).
     type: float
     required: true
   timeout:

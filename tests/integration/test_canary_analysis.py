@@ -27,7 +27,7 @@ JUDGE_TASK = "Judge the canary against its baseline"
 # expect a pass allow a wider margin; the slower canary fails against the default one.
 NOISY_MACHINE_MARGIN = 0.05
 # The competition's gates: the analysis compares what the throughput gate measures.
-GATES = yaml.safe_load((REPO / "roles" / "gates" / "defaults" / "main.yml").read_text())["gates_competition"]
+GATES = yaml.safe_load((REPO / "roles" / "serving" / "defaults" / "main.yml").read_text())["serving_competition"]
 STANDIN_ENV = yaml.safe_load((REPO / "inventory" / "lab" / "group_vars" / "biv100.yml").read_text())["engine_env"]
 DECODE_TPS = float(STANDIN_ENV["BIV100_STANDIN_DECODE_TPS"])
 PREFILL_TPS = float(STANDIN_ENV["BIV100_STANDIN_PREFILL_TPS"])

@@ -22,7 +22,7 @@ BENCH = "bench.yml"
 GATES_TASK = "Hold the release to every gate"
 # The competition's gates, as the gates role applies them by default (the other test modules'
 # runs apply only the functional one).
-COMPETITION = yaml.safe_load((REPO / "roles" / "gates" / "defaults" / "main.yml").read_text())["gates_competition"]
+COMPETITION = yaml.safe_load((REPO / "roles" / "serving" / "defaults" / "main.yml").read_text())["serving_competition"]
 # The stand-in's environment as the lab's inventory sets it, its speed included.
 STANDIN_ENV = yaml.safe_load((REPO / "inventory" / "lab" / "group_vars" / "biv100.yml").read_text())["engine_env"]
 

@@ -21,7 +21,7 @@ from playbook_runs import run_playbook
 pytestmark = pytest.mark.lab
 
 # The competition's gates, as the gates role applies them by default.
-COMPETITION = yaml.safe_load((REPO / "roles" / "gates" / "defaults" / "main.yml").read_text())["gates_competition"]
+COMPETITION = yaml.safe_load((REPO / "roles" / "serving" / "defaults" / "main.yml").read_text())["serving_competition"]
 
 
 @pytest.fixture(scope="module")

@@ -25,7 +25,7 @@ from playbook_runs import REPO, ended, kill_controller, run_playbook
 pytestmark = pytest.mark.lab
 
 TUNE = "tune.yml"
-GATES = yaml.safe_load((REPO / "roles" / "gates" / "defaults" / "main.yml").read_text())["gates_competition"]
+GATES = yaml.safe_load((REPO / "roles" / "serving" / "defaults" / "main.yml").read_text())["serving_competition"]
 # Prompts of about 8,000 tokens: the lab's speed model then has one best feasible setting.
 WORKLOAD = str(REPO / "tests" / "integration" / "data" / "long_prompts.yml")
 SHIPPED_SPACE = yaml.safe_load((REPO / "files" / "tune" / "default.yml").read_text())

@@ -1,5 +1,5 @@
-"""The competition - its gates, their bounds and the score's weights - is defined once, in the gates
-role's defaults (gates_competition), and passed to every filter and module that needs it: no
+"""The competition - its gates, their bounds and the score's weights - is defined once, in the serving
+role's defaults (serving_competition), and passed to every filter and module that needs it: no
 other file of the collection or the playbook project carries a copy that could drift from it.
 
 What counts as a copy is code, never documentation. In Python, only literals of the syntax tree
@@ -23,14 +23,14 @@ import yaml
 from gates_defaults import COMPETITION
 
 REPO = Path(__file__).resolve().parents[3]
-DEFINITION = "roles/gates/defaults/main.yml"
+DEFINITION = "roles/serving/defaults/main.yml"
 BOUNDS = (8000, 0.83, 0.17, 0.04)
 GATES = frozenset(COMPETITION)
 NUMBER = re.compile(r"(?<![\w.])(?:8000|0\.83|0\.17|0\.04)(?![\w.])")
 JINJA_TAG = re.compile(r"\{\{.*?\}\}|\{%.*?%\}", re.DOTALL)
 
 
-def test_the_gates_role_defines_the_competition():
+def test_the_serving_role_defines_the_competition():
     # The competition's rules, as the brief states them.
     assert COMPETITION == {"functional": {"min_probes": 50}, "quality": {"bound": 0.04},
                            "throughput": {"score": 8000, "weights": {"output": 0.83, "input": 0.17}}}
@@ -138,7 +138,7 @@ def copies_in(name: str, text: str) -> list[str]:
     return []
 
 
-def test_no_file_but_the_gates_role_defaults_holds_the_competitions_bounds_or_its_list_of_gates():
+def test_no_file_but_the_serving_role_defaults_holds_the_competitions_bounds_or_its_list_of_gates():
     listed = subprocess.run(["git", "ls-files", "--cached", "--others", "--exclude-standard"], cwd=REPO,
                             capture_output=True, text=True, check=True).stdout.split()
     holders = {}

@@ -520,7 +520,7 @@ def test_no_concurrency_is_refused(tmp_path, workload, playbook_dir):
 @pytest.mark.parametrize("option, message", [("gate", "gate is required"),
                                              ("weights", "missing required arguments: weights")])
 def test_the_gate_and_the_weights_have_no_default_of_their_own(tmp_path, workload, playbook_dir, option, message):
-    # The competition's are the gates role's to pass (gates_competition).
+    # The competition's are the gates role's to pass (serving_competition, the serving role's).
     refused(args_for(workload, **{option: LEFT_OUT}), tmp_path, playbook_dir, message)
 
 

@@ -182,7 +182,7 @@ def test_bad_arguments_are_refused_before_any_request(args, message):
 
 
 def test_the_bound_has_no_default_of_its_own(small_set):
-    # The competition's is the gates role's to pass (gates_competition).
+    # The competition's is the gates role's to pass (serving_competition, the serving role's).
     task = SimpleNamespace(args={"set": small_set}, check_mode=False, async_val=0,
                            action="biv100.serving.engine_quality")
     connection = SimpleNamespace(_shell=SimpleNamespace(tmpdir=None))

@@ -65,7 +65,7 @@ def test_the_verdicts_follow_the_order_the_gates_are_named_in():
 
 
 def test_the_functional_gate_has_no_minimum_of_its_own():
-    # The competition's is the gates role's to pass (gates_competition).
+    # The competition's is the gates role's to pass (serving_competition, the serving role's).
     with pytest.raises(ValueError, match="serving_gates.functional.min_probes is missing"):
         gate_verdicts({"functional": {}}, probes(60))
 

@@ -320,7 +320,7 @@ def test_what_cannot_be_measured_is_refused_before_any_request(engine, run_modul
 @pytest.mark.parametrize("weights, message", [(None, "missing required arguments: weights"),
                                               ({"output": 1.0}, "missing required arguments: input")])
 def test_the_weights_have_no_default_of_their_own(engine, run_module, weights, message):
-    # The competition's are the gates role's to pass (gates_competition).
+    # The competition's are the gates role's to pass (serving_competition, the serving role's).
     url, state = engine()
     args = bench_args(url, [chat("a")], weights=weights)
     if weights is None:
