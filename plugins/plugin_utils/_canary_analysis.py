@@ -292,26 +292,23 @@ def engine_program(command) -> str:
     return " ".join(words[:options])
 
 
-def rollout_hosts(order, hostvars) -> dict:
-    """What canary_plan reads of each host of the rollout, from its variables after the check play:
-    its part in the rollout, its current release (stage_plan), GPUs (gpu_facts) and instances."""
-    hosts = {}
-    for name in order:
-        variables = hostvars[name]
-        current = (variables.get("stage_plan") or {}).get("current_release") or {}
-        record = current.get("record") or {}
-        gpus = (variables.get("ansible_facts") or {}).get("gpu_facts") or {}
-        hosts[name] = {
-            "takes_part": bool(variables.get("serving_takes_part")),
-            "release": {"id": current.get("id"), "status": record.get("status")},
-            "gpus": gpus.get("count"),
-            "serving": [engine.get("name") for engine in gpus.get("engines") or ()],
-            "instances": [instance["name"] for instance in variables.get("engine_host_instances") or ()],
-            "engines": sorted({engine_program(instance.get("command") or ())
-                               for instance in variables.get("engine_host_instances") or ()}),
-            "gates": record.get("gates"),
-        }
-    return hosts
+def candidate(current_release: dict | None, *, takes_part: bool, gpus: dict | None, instances) -> dict:
+    """What canary_plan reads of one host of the rollout, as the check play found it: its part in
+    the rollout, the release it runs now (its plan's current_release), its GPUs (gpu_facts) and its
+    engine instances."""
+    current = current_release or {}
+    record = current.get("record") or {}
+    gpus = gpus or {}
+    instances = list(instances or ())
+    return {
+        "takes_part": bool(takes_part),
+        "release": {"id": current.get("id"), "status": record.get("status")},
+        "gpus": gpus.get("count"),
+        "serving": [engine.get("name") for engine in gpus.get("engines") or ()],
+        "instances": [instance["name"] for instance in instances],
+        "engines": sorted({engine_program(instance.get("command") or ()) for instance in instances}),
+        "gates": record.get("gates"),
+    }
 
 
 def first_batch_size(serial, count: int) -> int:

@@ -13,6 +13,7 @@ from ansible_collections.biv100.serving.plugins.plugin_utils._canary_analysis im
     SAME_WINDOW,
     SETTINGS,
     analyse,
+    candidate,
     canary_plan,
     canary_record,
     first_batch_size,
@@ -40,6 +41,26 @@ def fleet(**overrides):
     hosts = {name: host() for name in ("h1", "h2", "h3", "h4")}
     hosts.update(overrides)
     return hosts
+
+
+def test_a_candidate_is_what_the_plan_reads_of_a_host_from_its_own_plan_gpus_and_instances():
+    current = {"id": "sub510", "record": {"status": "good", "gates": {"instances": {}}}}
+    gpus = {"count": 4, "engines": [{"name": "vllm", "pid": 12}]}
+    instances = [{"name": "vllm", "command": STANDIN.split() + ["--port", "8000"]}]
+    made = candidate(current, takes_part=True, gpus=gpus, instances=instances)
+    assert made == host(gates={"instances": {}})
+    # On the vendor's files, with no GPU facts read (the engine phase skipped) and no instance.
+    assert candidate(None, takes_part=False, gpus=None, instances=None) == {
+        "takes_part": False, "release": {"id": None, "status": None}, "gpus": None, "serving": [],
+        "instances": [], "engines": [], "gates": None}
+
+
+def test_the_plan_filter_refuses_a_host_without_a_candidate():
+    from ansible_collections.biv100.serving.plugins.filter.canary_plan import canary_plan_filter
+
+    with pytest.raises(ValueError, match="no canary_candidate for h2"):
+        canary_plan_filter(["h1", "h2"], {"h1": host(), "h2": None})
+    assert canary_plan_filter(["h1", "h2"], fleet())["baseline"] == "h2"
 
 
 def test_the_baseline_is_the_next_host_on_the_canarys_release_with_its_gpus_and_instances():
