@@ -4,9 +4,10 @@
 """biv100.serving.canary_analysis: judge a canary's measurements against its baseline's, on the
 controller (plugin_utils/_canary_analysis.py, _canary_judge.py).
 
-The sides come as the playbook gathered them, bench results, quality scores and probe verdicts
-per engine instance and trial; a historical baseline comes as the gates' figures its release
-recorded. The verdict is data: the task fails only on bad input, and the playbook decides what
+The sides come as the playbook gathered them, bench results per engine instance and trial
+(paired by instance and trial), quality scores and probe verdicts per instance; the benches of
+the A/A trials, both hosts on the release they ran before the canary changed, come as `before`.
+A historical baseline comes as the gates' figures its release recorded. The verdict is data: the task fails only on bad input, and the playbook decides what
 a verdict does to the rollout (promote says whether it may go on). The analysis is shown as one
 line, and written with every sample to build/canary/<release>/<host>.json at the project root.
 """
@@ -26,9 +27,11 @@ from ansible_collections.biv100.serving.plugins.plugin_utils._canary_analysis im
     HISTORICAL,
     METRIC_KEYS,
     SAME_WINDOW,
+    SETTINGS,
     analyse,
-    historical_samples,
-    side_samples,
+    correctness_pairs,
+    historical_side,
+    paired,
     verdict_line,
 )
 from ansible_collections.biv100.serving.plugins.plugin_utils._controller_action import ControllerAction
@@ -52,12 +55,16 @@ ARGUMENT_SPEC = {
         gates={"type": "dict"},
         instances={"type": "list", "elements": "str", "default": []},
     )},
+    "before": {"type": "dict", "options": {
+        "canary": {"type": "list", "elements": "dict", "default": []},
+        "baseline": {"type": "list", "elements": "dict", "default": []},
+    }},
     "trials": {"type": "int", "required": True},
-    "margin": {"type": "float", "default": 0.02},
-    "request_margin": {"type": "float", "default": 0.10},
+    "margin": {"type": "float", "default": SETTINGS["margin"]},
+    "request_margin": {"type": "float", "default": SETTINGS["request_margin"]},
     "quality_margin": {"type": "float", "required": True},
-    "pass_score": {"type": "float", "default": 75},
-    "marginal_score": {"type": "float", "default": 50},
+    "pass_score": {"type": "float", "default": SETTINGS["thresholds"]["pass"]},
+    "marginal_score": {"type": "float", "default": SETTINGS["thresholds"]["marginal"]},
     "confidence": {"type": "float", "default": 0.98},
     "accept": {"type": "list", "elements": "str", "default": []},
     "results_dir": {"type": "path"},
@@ -79,26 +86,30 @@ class ActionModule(ControllerAction):
             if not baseline["gates"] or not baseline["instances"]:
                 raise AnsibleActionFail("baseline: a historical baseline needs the gates its release recorded "
                                         "and the instances to read from them")
-            baseline_samples = historical_samples(baseline["gates"], baseline["instances"])
+            baseline = dict(baseline, **historical_side(baseline["gates"], baseline["instances"]))
+            before = {}
+        elif not baseline["host"]:
+            raise AnsibleActionFail("baseline: a same-window baseline needs its host")
         else:
-            if not baseline["host"]:
-                raise AnsibleActionFail("baseline: a same-window baseline needs its host")
-            baseline_samples = side_samples(baseline["benches"], baseline["qualities"], baseline["probes"])
-        canary_samples = side_samples(canary["benches"], canary["qualities"], canary["probes"])
+            before = args["before"] or {}
+        pairs = dict(paired(canary["benches"], baseline["benches"], reuse=baseline["kind"] == HISTORICAL),
+                     **correctness_pairs(canary, baseline))
+        before_pairs = paired(before.get("canary"), before.get("baseline"))
+        trials_before = len(before_pairs["score"])
         try:
-            analysis = analyse(canary_samples, baseline_samples, margin=args["margin"],
+            analysis = analyse(pairs, before=before_pairs, margin=args["margin"],
                                request_margin=args["request_margin"], quality_margin=args["quality_margin"],
                                pass_score=args["pass_score"], marginal_score=args["marginal_score"],
                                confidence=args["confidence"], accept=args["accept"])
         except (ValueError, RuntimeError) as error:
             raise AnsibleActionFail(str(error)) from None
+        analysis["trials_before"] = trials_before
 
         against = {"host": baseline["host"] if baseline["kind"] == SAME_WINDOW else None,
                    "kind": baseline["kind"], "release": baseline["release"]}
-        recorded = [recorded_instance(baseline["gates"], name).get("bench") for name in baseline["instances"]]
-        simulated = any(bench.get("simulated") for bench in (*canary["benches"], *baseline["benches"], *recorded)
-                        if bench)
-        line = verdict_line(analysis, canary["host"], against, args["trials"]) + (" [simulated]" if simulated else "")
+        simulated = any(bench.get("simulated") for bench in (*canary["benches"], *baseline["benches"]) if bench)
+        line = (verdict_line(analysis, canary["host"], against, args["trials"], trials_before)
+                + (" [simulated]" if simulated else ""))
         display.display(line)
         result.update(
             changed=False,
@@ -112,6 +123,7 @@ class ActionModule(ControllerAction):
             canary={"host": canary["host"], "release": canary["release"]},
             baseline=against,
             trials=args["trials"],
+            trials_before=trials_before,
             simulated=simulated,
             msg=line,
             results_file=None,
@@ -120,9 +132,9 @@ class ActionModule(ControllerAction):
             folder = project_root(C.CONFIG_FILE) / (args["results_dir"] or os.path.join("build", "canary"))
             path = folder / canary["release"] / f"{canary['host']}.json"
             document = {key: result[key] for key in ("verdict", "score", "promote", "accepted", "reasons", "thresholds",
-                                                     "canary", "baseline", "trials", "simulated")}
+                                                     "canary", "baseline", "trials", "trials_before", "simulated")}
             document.update(metrics=analysis["metrics"], written=utc_timestamp(),
-                            samples={"canary": canary_samples, "baseline": baseline_samples})
+                            pairs=pairs, pairs_before=before_pairs)
             try:
                 write_atomic(str(path), json.dumps(document, indent=1, sort_keys=True) + "\n")
             except OSError as error:

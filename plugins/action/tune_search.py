@@ -35,7 +35,8 @@ from ansible_collections.biv100.serving.plugins.plugin_utils._canary_analysis im
     SETTINGS as CANARY_SETTINGS,
     analyse,
     canary_record,
-    side_samples,
+    correctness_pairs,
+    paired,
 )
 from ansible_collections.biv100.serving.plugins.plugin_utils._controller_action import ControllerAction
 from ansible_collections.biv100.serving.plugins.plugin_utils._project_folder import inventory_argument, project_root
@@ -315,7 +316,6 @@ class ActionModule(ControllerAction):
         incumbent = incumbent_candidate(state["incumbent_settings"])
         trials = read_trials(run_dir, args["trials"], latest)
         incumbent_record = latest.get(incumbent["id"]) or {}
-        baseline = self._side(trials.get(incumbent["id"]), incumbent_record)
         judged = []
         for key, benches in trials.items():
             if key == incumbent["id"] or key not in latest:
@@ -326,7 +326,7 @@ class ActionModule(ControllerAction):
                 # gate beats it by the gates themselves.
                 entry.update(beats=bool(benches), why=f"the incumbent {_standing(incumbent_record)}")
             else:
-                analysis = analyse(self._side(benches, latest[key]), baseline,
+                analysis = analyse(self._pairs(benches, latest[key], trials.get(incumbent["id"]), incumbent_record),
                                    margin=CANARY_SETTINGS["margin"], request_margin=CANARY_SETTINGS["request_margin"],
                                    quality_margin=_quality_margin(args["quality_margin"], incumbent_record),
                                    pass_score=CANARY_SETTINGS["thresholds"]["pass"],
@@ -368,17 +368,25 @@ class ActionModule(ControllerAction):
                          "incumbent": incumbent["id"], "msg": line}}
 
     @staticmethod
-    def _side(benches, record: dict) -> dict:
-        """The judge's samples of one side: each trial's score and output tokens/s, its quality
-        score and probes. Not the requests' latencies: a setting that runs more sequences side by
-        side trades each request's speed for the engine's throughput by design, and the gate
-        scores the throughput (the report draws the latency beside it)."""
-        figures = (record or {}).get("figures") or {}
-        runs = [{key: value for key, value in bench.items() if key != "samples"} for bench in benches or ()]
-        samples = side_samples(runs, [figures["quality"]] if _is_number(figures.get("quality")) else [])
-        if _is_number(figures.get("probes_passed")):
-            samples["probes"] = [figures["probes_passed"]]
-        return samples
+    def _pairs(benches, record: dict, incumbent_benches, incumbent_record: dict) -> dict:
+        """The judge's pairs of a finalist against the incumbent: trial n of each (measured one after
+        the other on the host, so a pair shares no window: their log ratios are independent, and
+        their spread is both sides' noise), and each one's quality score and probes. Not the
+        requests' latencies: a setting that runs more sequences side by side trades each request's
+        speed for the engine's throughput by design, and the gate scores the throughput (the report
+        draws the latency beside it)."""
+        def runs(trials):
+            return [{key: value for key, value in bench.items() if key not in ("samples", "label")}
+                    for bench in trials or ()]
+
+        def correctness(figures):
+            return {"qualities": [figures["quality"]] if _is_number(figures.get("quality")) else [],
+                    "probe_shares": [figures["probes_passed"]] if _is_number(figures.get("probes_passed")) else []}
+
+        pairs = paired(runs(benches), runs(incumbent_benches))
+        pairs.update(correctness_pairs(correctness((record or {}).get("figures") or {}),
+                                       correctness((incumbent_record or {}).get("figures") or {})))
+        return pairs
 
 
 def _beats(analysis: dict) -> dict:

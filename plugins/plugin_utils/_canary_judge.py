@@ -1,47 +1,61 @@
 # Copyright: biv100.serving maintainers
 # GNU General Public License v3.0+ (see LICENSES/GPL-3.0-or-later.txt or https://www.gnu.org/licenses/gpl-3.0.txt)
 # SPDX-License-Identifier: GPL-3.0-or-later
-"""The canary analysis judge: a canary's samples against a baseline's, metric by metric, as
-Kayenta's NetflixACAJudge judges them. Controller side only.
+"""The canary analysis judge: a canary's trials against its baseline's, metric by metric, scored
+as Kayenta's NetflixACAJudge scores them. Controller side only.
 
-Per metric, from the two samples (per-request figures, or one figure per trial):
+The unit is the trial. A trial benches the canary and its baseline at once with the same seeded
+requests, so its two figures are a pair, and what a trial says about the release is their ratio:
+the requests of one trial are not independent draws (every trial replays the same prompts, and
+they share the trial's load), so they are never pooled as if they were.
 
-- a Mann-Whitney U test (scipy.stats.mannwhitneyu, two-sided) of whether they differ;
-- the Hodges-Lehmann estimate of the shift, canary minus baseline (the median of every pairwise
-  difference), and its distribution-free confidence interval (default 98 %): the order
-  statistics of the pairwise differences that the U statistic's normal approximation, with its
-  correction for ties, puts at the interval's ends (Hollander & Wolfe);
-- both relative to the baseline's median, in percent;
-- a classification: `Low` when the whole interval lies below -margin for a metric whose higher
-  values are better, `High` when it lies above +margin for one whose lower values are better,
-  `NoData` when a side has no sample, else `Pass`. A change in the harmless direction is a
-  Pass. A Pass whose interval reaches past the margin on the harmful side is not conclusive:
-  more samples would tell. Samples too few for the confidence asked give the range of every
-  difference, at the confidence the exact test reaches with them (90 % for three against three);
-  below 50 % (one against one, one against three) an interval decides nothing, and the metric is
-  a Pass that is not conclusive. A metric marked exact (a figure that does not vary between
-  measurements, such as a quality score on a fixed set) is compared as it is.
+Per metric, from the pairs of the trials after the change and, when the two hosts were benched
+together before the canary changed (an A/A pair, both on the same release), the pairs of those:
+
+- the difference in differences: the mean log ratio canary / baseline after the change, less the
+  mean log ratio before it. The hosts' own gap (one is slower by nature, or busier) is in both
+  and cancels; what is left is the release's effect. Without the pairs before, the mean log
+  ratio after is the estimate, and the hosts' gap is taken for the release's;
+- its Student-t confidence interval (default 98 %), from the pooled spread of the log ratios of
+  both phases (the noise of a pair does not depend on the release it runs), with
+  (trials after - 1) + (trials before - 1) degrees of freedom;
+- both in percent, exp(estimate) - 1;
+- a classification as Kayenta's judge makes it, an effect both large and significant: `Low` when
+  the estimate lies below -margin and the whole interval below 0, for a metric whose higher
+  values are better; `High` likewise above +margin and 0 for one whose lower values are better;
+  `NoData` when no trial has both figures; else `Pass`. A change in the harmless direction is a
+  Pass. A Pass whose estimate lies past the margin (large but not yet significant) is not
+  conclusive: more trials tell. With a single degree of freedom or none, an interval decides
+  nothing, and the metric is a Pass that is not conclusive.
+- A metric marked exact (a figure that does not vary between measurements, such as a quality
+  score on a fixed set) is compared as it is: the canary's median against the baseline's.
 
 The score is Kayenta's weighted sum: each group's share of Pass among its metrics with data,
 weighted by the group's weight, out of 100; a critical metric classified High or Low makes it
 0. The verdict: `fail` below the marginal threshold, `marginal` below the pass threshold, else
 `pass`; `inconclusive` instead of `pass` or `marginal` when a metric with data is not
 conclusive, a critical metric has no data, or no metric has any.
+
+How often these verdicts are wrong, for the noise and the host gaps a fleet has, is measured by
+tests/shared/verdict_errors.py (docs/benchmarks.md has its table).
 """
 
 from __future__ import annotations
 
+import functools
 import importlib
 import math
+import statistics
 from dataclasses import dataclass
 
-# numpy and scipy.stats, imported when a judgement needs them: the ledger callback and the filters
-# that share this module's package load on every run, and scipy.stats takes a second to import.
-numpy = stats = None
+# scipy.special, imported when a judgement needs it: the ledger callback and the filters that share
+# this module's package load on every run, and scipy takes a while to import.
+special = None
 
 CLASSES = ("Pass", "High", "Low", "NoData")
-# Below this confidence an interval decides nothing: one sample a side, or one against three.
-LEAST_CONFIDENCE = 0.5
+# Below this many degrees of freedom an interval decides nothing: t's quantiles for one are some
+# 30 times the spread at 98 %.
+LEAST_DEGREES = 2
 VERDICTS = ("pass", "marginal", "fail", "inconclusive")
 
 
@@ -51,7 +65,7 @@ class Metric:
 
     name: str
     better: str  # "higher" or "lower"
-    margin: float  # the harm allowed, as a fraction of the baseline's median (0.02 = 2 %)
+    margin: float  # the harm allowed, as a fraction of the baseline's (0.05 = 5 %)
     group: str
     critical: bool = False
     # A figure that does not vary between measurements of one engine (a quality score on a fixed
@@ -66,33 +80,52 @@ class Metric:
 
 
 def require_scipy() -> None:
-    """Import numpy and scipy.stats once; a controller without them (requirements.txt) is told so."""
-    global numpy, stats  # pylint: disable=global-statement
-    if stats is not None:
+    """Import scipy.special once; a controller without it (requirements.txt) is told so."""
+    global special  # pylint: disable=global-statement
+    if special is not None:
         return
     try:
-        numpy, stats = importlib.import_module("numpy"), importlib.import_module("scipy.stats")
+        special = importlib.import_module("scipy.special")
     except ImportError as error:
         raise RuntimeError(f"the canary analysis needs scipy on the controller (requirements.txt): {error}") from None
 
 
-def shift_interval(canary, baseline, confidence: float) -> tuple[float, float, float]:
-    """(estimate, low, high) of the shift canary - baseline, Hodges-Lehmann with its
-    distribution-free interval at `confidence`."""
+@functools.lru_cache(maxsize=None)
+def t_quantile(confidence: float, degrees: int) -> float:
+    """The two-sided Student-t quantile for `confidence` with `degrees` degrees of freedom."""
     require_scipy()
-    differences = numpy.sort(numpy.subtract.outer(canary, baseline).ravel())
-    n, m, count = len(canary), len(baseline), differences.size
-    pooled = numpy.concatenate([canary, baseline])
-    _values, ties = numpy.unique(pooled, return_counts=True)
-    total = n + m
-    tie_term = float((ties ** 3 - ties).sum()) / (total * (total - 1)) if total > 1 else 0.0
-    spread = math.sqrt(max(n * m / 12.0 * ((total + 1) - tie_term), 0.0))
-    z = float(stats.norm.ppf(1 - (1 - confidence) / 2))
-    # How many differences lie outside the interval at each end; none when the samples are too
-    # few for the confidence asked: the interval is then every difference's range.
-    outside = max(int(math.floor(count / 2.0 - z * spread)), 0)
-    outside = min(outside, (count - 1) // 2)
-    return float(numpy.median(differences)), float(differences[outside]), float(differences[count - 1 - outside])
+    return float(special.stdtrit(degrees, 0.5 + confidence / 2.0))
+
+
+def log_ratios(pairs) -> list[float]:
+    """ln(canary / baseline) of each pair whose figures are both positive numbers."""
+    return [math.log(canary / baseline) for canary, baseline in pairs
+            if _positive(canary) and _positive(baseline)]
+
+
+def difference_in_differences(after, before, confidence: float) -> dict:
+    """The estimate of the release's effect (mean log ratio after, less before), its interval at
+    `confidence`, its p-value and degrees of freedom. The interval is None below LEAST_DEGREES."""
+    after, before = list(after), list(before)
+    mean_after = statistics.fmean(after)
+    mean_before = statistics.fmean(before) if before else 0.0
+    estimate = mean_after - mean_before
+    degrees = len(after) - 1 + (len(before) - 1 if before else 0)
+    if degrees < LEAST_DEGREES:
+        return {"estimate": estimate, "interval": None, "p_value": None, "degrees": degrees}
+    squares = sum((value - mean_after) ** 2 for value in after) + sum((value - mean_before) ** 2 for value in before)
+    error = math.sqrt(squares / degrees) * math.sqrt(1.0 / len(after) + (1.0 / len(before) if before else 0.0))
+    if error == 0.0:
+        return {"estimate": estimate, "interval": (estimate, estimate), "p_value": 1.0 if estimate == 0 else 0.0,
+                "degrees": degrees}
+    half = t_quantile(confidence, degrees) * error
+    return {"estimate": estimate, "interval": (estimate - half, estimate + half),
+            "p_value": float(2.0 * special.stdtr(degrees, -abs(estimate) / error)), "degrees": degrees}
+
+
+def percent(log_ratio: float) -> float:
+    """A log ratio as a change in percent."""
+    return 100.0 * math.expm1(log_ratio)
 
 
 def relative(value: float, reference: float) -> float:
@@ -102,79 +135,71 @@ def relative(value: float, reference: float) -> float:
     return 100.0 * value / abs(reference)
 
 
-def compare(metric: Metric, canary, baseline, confidence: float = 0.98) -> dict:
-    """One metric's comparison: test, shift, interval, classification."""
-    require_scipy()
-    canary = numpy.asarray([value for value in canary if value is not None], dtype=float)
-    baseline = numpy.asarray([value for value in baseline if value is not None], dtype=float)
+def compare(metric: Metric, pairs, before=(), confidence: float = 0.98) -> dict:
+    """One metric's comparison. `pairs` are (canary, baseline) figures, one pair per trial after
+    the change (per instance, for an exact metric); `before`, the pairs of the A/A trials."""
+    pairs = [(canary, baseline) for canary, baseline in pairs if _number(canary) and _number(baseline)]
+    before = [(canary, baseline) for canary, baseline in before if _number(canary) and _number(baseline)]
     result = {
         "name": metric.name,
         "group": metric.group,
         "better": metric.better,
         "margin_pct": 100.0 * metric.margin,
         "critical": metric.critical,
-        "canary": summary(canary),
-        "baseline": summary(baseline),
+        "canary": summary([canary for canary, _baseline in pairs]),
+        "baseline": summary([baseline for _canary, baseline in pairs]),
+        "trials": len(pairs),
+        "trials_before": len(before),
     }
-    if canary.size == 0 or baseline.size == 0:
+    harm = -100.0 * metric.margin if metric.better == "higher" else 100.0 * metric.margin
+    if metric.exact:
+        if not pairs:
+            return dict(result, classification="NoData", conclusive=False)
+        reference = statistics.median(baseline for _canary, baseline in pairs)
+        shift = relative(statistics.median(canary for canary, _baseline in pairs) - reference, reference)
+        worse = shift < harm if metric.better == "higher" else shift > harm
+        return dict(result, shift_pct=shift, interval_pct=[shift, shift], confidence=1.0, p_value=None,
+                    classification=("Low" if metric.better == "higher" else "High") if worse else "Pass",
+                    conclusive=True)
+    after, earlier = log_ratios(pairs), log_ratios(before)
+    if not after:
         return dict(result, classification="NoData", conclusive=False)
-    if numpy.all(canary == canary[0]) and numpy.all(baseline == canary[0]):
-        # Identical constant samples: no shift at all (the U test's variance is zero).
-        u_statistic, p_value = canary.size * baseline.size / 2.0, 1.0
+    found = difference_in_differences(after, earlier, confidence)
+    shift = percent(found["estimate"])
+    interval = [percent(end) for end in found["interval"]] if found["interval"] else None
+    beyond = shift < harm if metric.better == "higher" else shift > harm
+    if interval is None:
+        significant = False
     else:
-        test = stats.mannwhitneyu(canary, baseline, alternative="two-sided")
-        u_statistic, p_value = float(test.statistic), float(test.pvalue)
-    estimate, low, high = shift_interval(canary, baseline, confidence)
-    # Too few samples for the confidence asked give every difference's range, whose confidence
-    # is that of the exact test's most extreme arrangement (2 of C(n + m, n)).
-    reached = confidence if metric.exact else min(
-        confidence, 1.0 - 2.0 / math.comb(canary.size + baseline.size, canary.size))
-    reference = float(numpy.median(baseline))
-    shift = {name: relative(value, reference) for name, value in (("estimate", estimate), ("low", low), ("high", high))}
-    harm_limit = -100.0 * metric.margin if metric.better == "higher" else 100.0 * metric.margin
-    if metric.better == "higher":
-        classification = "Low" if shift["high"] < harm_limit else "Pass"
-        conclusive = classification == "Low" or shift["low"] >= harm_limit
-    else:
-        classification = "High" if shift["low"] > harm_limit else "Pass"
-        conclusive = classification == "High" or shift["high"] <= harm_limit
-    if reached < LEAST_CONFIDENCE:
-        # An interval no surer than a coin says nothing either way.
-        classification, conclusive = "Pass", False
-    return dict(
-        result,
-        u=u_statistic,
-        p_value=p_value,
-        shift=estimate,
-        interval=[low, high],
-        shift_pct=shift["estimate"],
-        interval_pct=[shift["low"], shift["high"]],
-        confidence=reached,
-        asked_confidence=confidence,
-        classification=classification,
-        conclusive=conclusive,
-    )
+        significant = interval[1] < 0 if metric.better == "higher" else interval[0] > 0
+    harmed = beyond and significant
+    classification = ("Low" if metric.better == "higher" else "High") if harmed else "Pass"
+    return dict(result, shift_pct=shift, interval_pct=interval, confidence=confidence, p_value=found["p_value"],
+                degrees=found["degrees"], classification=classification,
+                conclusive=harmed or (interval is not None and not beyond))
 
 
-def summary(sample) -> dict:
-    """What the record keeps of a sample: its size and quartiles (a distribution, not a mean)."""
-    if sample.size == 0:
+def summary(values) -> dict:
+    """What the record keeps of one side's figures: their count and quartiles."""
+    values = sorted(float(value) for value in values)
+    if not values:
         return {"count": 0}
-    low, median, high = numpy.percentile(sample, [25, 50, 75])
-    return {"count": int(sample.size), "min": float(sample.min()), "p25": float(low), "median": float(median),
-            "p75": float(high), "max": float(sample.max()), "mean": float(sample.mean())}
+    low, median, high = _quartiles(values)
+    return {"count": len(values), "min": values[0], "p25": low, "median": median, "p75": high, "max": values[-1],
+            "mean": statistics.fmean(values)}
 
 
-def judge(metrics, canary: dict, baseline: dict, *, weights: dict, pass_score: float = 75,
-          marginal_score: float = 50, confidence: float = 0.98) -> dict:
-    """The analysis of canary against baseline ({metric name: samples} each)."""
-    require_scipy()
+def judge(metrics, pairs: dict, *, before: dict | None = None, weights: dict, pass_score: float = 95,
+          marginal_score: float = 75, confidence: float = 0.98) -> dict:
+    """The analysis of the canary against its baseline: `pairs` and `before` are
+    {metric name: [(canary, baseline)]}, the trials after the change and the A/A trials."""
     if not 0 <= marginal_score <= pass_score <= 100:
         raise ValueError(f"thresholds: need 0 <= marginal ({marginal_score}) <= pass ({pass_score}) <= 100")
     unknown = sorted({metric.group for metric in metrics} - set(weights))
     if unknown:
         raise ValueError(f"no weight for the metric group(s) {', '.join(unknown)}")
-    results = [compare(metric, canary.get(metric.name, ()), baseline.get(metric.name, ()), confidence)
+    before = before or {}
+    results = [compare(metric, pairs.get(metric.name, ()), before.get(metric.name, ()), confidence)
                for metric in metrics]
     harmed = [result for result in results if result["classification"] in ("High", "Low")]
     score = weighted_score(results, weights)
@@ -211,27 +236,42 @@ def weighted_score(results, weights: dict) -> float | None:
 
 
 def reason(result: dict) -> str:
-    """`output_tps -6.8 % [-8.1, -5.2] < -2 %`: the metric, its shift, interval and the bound."""
-    low, high = result["interval_pct"]
-    if result["better"] == "higher":
-        bound = f"< -{result['margin_pct']:g} %"
-    else:
-        bound = f"> +{result['margin_pct']:g} %"
-    return f"{result['name']} {result['shift_pct']:+.1f} % [{low:+.1f}, {high:+.1f}]{reached(result)} {bound}"
+    """`output_tps -6.8 % [-8.1, -5.2] < -5 %`: the metric, its shift, interval and the bound."""
+    bound = f"< -{result['margin_pct']:g} %" if result["better"] == "higher" else f"> +{result['margin_pct']:g} %"
+    return f"{shown(result)} {bound}"
 
 
-def reached(result: dict) -> str:
-    """` (90 % interval)` when the samples were too few for the confidence asked, else nothing."""
-    asked = result.get("asked_confidence", result["confidence"])
-    return f" ({100 * result['confidence']:.0f} % interval)" if result["confidence"] < asked else ""
+def shown(result: dict) -> str:
+    """`score -6.8 % [-8.1, -5.2]`: the metric, its shift and interval (an exact one's shift alone)."""
+    interval = result.get("interval_pct")
+    if not interval or interval[0] == interval[1] == result["shift_pct"]:
+        return f"{result['name']} {result['shift_pct']:+.1f} %"
+    return f"{result['name']} {result['shift_pct']:+.1f} % [{interval[0]:+.1f}, {interval[1]:+.1f}]"
 
 
 def unsure(result: dict) -> str:
-    """Why a Pass is not conclusive: its interval reaches past the margin."""
-    low, high = result["interval_pct"]
+    """Why a Pass is not conclusive: too few trials, or a shift past the margin within the noise."""
     side = f"-{result['margin_pct']:g}" if result["better"] == "higher" else f"+{result['margin_pct']:g}"
-    counts = f"({result['canary']['count']} canary, {result['baseline']['count']} baseline)"
-    shown = f"{result['name']} {result['shift_pct']:+.1f} % [{low:+.1f}, {high:+.1f}]{reached(result)}"
-    if result["confidence"] < LEAST_CONFIDENCE:
-        return f"{shown}: too few samples to tell {counts}"
-    return f"{shown} reaches past {side} %: too few samples for the noise {counts}"
+    counts = (f"({result['trials']} trial{'s' if result['trials'] != 1 else ''}"
+              + (f", {result['trials_before']} before the change" if result["trials_before"] else "") + ")")
+    if result.get("interval_pct") is None:
+        return f"{result['name']} {result['shift_pct']:+.1f} %: too few trials to tell {counts}"
+    return f"{shown(result)}: past {side} % but within the noise {counts}"
+
+
+def _quartiles(values: list[float]) -> tuple[float, float, float]:
+    """The 25th, 50th and 75th percentiles, interpolated linearly (numpy's default)."""
+    def at(fraction):
+        position = fraction * (len(values) - 1)
+        low = math.floor(position)
+        high = min(low + 1, len(values) - 1)
+        return values[low] + (values[high] - values[low]) * (position - low)
+    return at(0.25), at(0.5), at(0.75)
+
+
+def _number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _positive(value) -> bool:
+    return _number(value) and value > 0
