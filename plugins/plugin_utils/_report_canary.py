@@ -16,7 +16,6 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
-from ansible_collections.biv100.serving.plugins.plugin_utils._canary_judge import LEAST_CONFIDENCE
 from ansible_collections.biv100.serving.plugins.plugin_utils._figure_cells import marked, number
 from ansible_collections.biv100.serving.plugins.plugin_utils._report_figures import DPI, SIMULATED_NOTE, drawing, matplotlib_classes, plot_name
 from ansible_collections.biv100.serving.plugins.plugin_utils._report_ledger import measured_release
@@ -133,8 +132,10 @@ def metric_title(metric: dict) -> str:
     details = []
     confidence = number(metric.get("confidence"))
     if confidence is not None and classification != "NoData":
-        details.append(f"{100 * confidence:.0f} % interval" if confidence >= LEAST_CONFIDENCE
-                       else "too few samples for an interval")
+        # No interval: too few trials. (A record older than the trial-level judge kept the
+        # confidence its samples reached instead, below a half when they were too few.)
+        too_few = not isinstance(interval, (list, tuple)) or confidence < 0.5
+        details.append("too few trials for an interval" if too_few else f"{100 * confidence:.0f} % interval")
     if metric.get("better") in ("higher", "lower"):
         margin = number(metric.get("margin_pct"))
         details.append(f"{metric['better']} is better" + (f", margin {margin:g} %" if margin is not None else ""))

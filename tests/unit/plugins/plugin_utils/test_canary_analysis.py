@@ -16,15 +16,16 @@ from ansible_collections.biv100.serving.plugins.plugin_utils._canary_analysis im
     candidate,
     canary_plan,
     canary_record,
-    first_batch_size,
-    historical_samples,
+    correctness_pairs,
     engine_program,
-    side_samples,
+    first_batch_size,
+    historical_side,
+    paired,
     verdict_line,
 )
 
-MARGINS = {"margin": 0.02, "request_margin": 0.10, "quality_margin": 0.04, "pass_score": 75,
-           "marginal_score": 50, "confidence": 0.98}
+MARGINS = {"margin": 0.05, "request_margin": 0.10, "quality_margin": 0.04, "pass_score": 95,
+           "marginal_score": 75, "confidence": 0.98}
 
 
 STANDIN = "/usr/local/corex/python3/bin/python3 -m engine_standin"
@@ -70,7 +71,22 @@ def test_the_baseline_is_the_next_host_on_the_canarys_release_with_its_gpus_and_
     stopped = canary_plan(["h1", "h2"], fleet(h2=host(serving=())), baseline="h2")
     assert stopped["error"].endswith("cannot be h1's baseline: its engine vllm does not run")
     assert plan["settings"] == SETTINGS and "error" not in plan
-    assert plan["why"] == "against h4 (same window, sub510)"
+    assert plan["why"] == ("against h4 (same window, sub510); their own gap measured by 3 trials before the "
+                           "canary changes")
+    assert plan["before"]
+
+
+def test_the_trials_before_the_change_need_a_canary_serving_every_instance_it_is_to_run():
+    idle = canary_plan(["h1", "h2"], fleet(h1=host(instances=("vllm-1", "vllm-2"), serving=("vllm-1",)),
+                                           h2=host(instances=("vllm-1", "vllm-2"))))
+    assert idle["analyse"] and not idle["before"]
+    assert idle["why"].endswith("no trial before the change: the canary does not serve vllm-2 now, so the hosts' "
+                                "own gap counts as the release's")
+    none = canary_plan(["h1", "h2"], fleet(), settings={"trials_before": 0})
+    assert not none["before"] and "serving_canary_trials_before is 0" in none["why"]
+    recorded = {"instances": {"vllm": {"bench": {"score": 10000.0}}}}
+    historical = canary_plan(["h1", "h2"], fleet(h1=host(gates=recorded), h2=host(release="sub511")))
+    assert historical["kind"] == HISTORICAL and not historical["before"]
 
 
 def test_a_host_of_another_engine_is_never_the_baseline():
@@ -131,9 +147,11 @@ def test_a_fleet_of_one_and_a_canary_with_nothing_to_change_skip_it():
 
 def test_wrong_settings_are_refused_each_naming_its_variable():
     plan = canary_plan(["h1", "h2"], fleet(), settings={
-        "trials": 0, "margin": 1.5, "thresholds": {"pass": 40, "marginal": 60}, "accept": "fail,marginal"})
+        "trials": 0, "trials_before": -1, "margin": 1.5, "thresholds": {"pass": 40, "marginal": 60},
+        "accept": "fail,marginal"})
     error = plan["error"]
     assert "serving_canary_trials must be a whole number of trials, at least 1, not 0" in error
+    assert "serving_canary_trials_before must be a whole number of trials, at least 0, not -1" in error
     assert "serving_canary_margin must be a fraction in [0, 1)" in error
     assert "serving_canary_thresholds must be {pass: <score>, marginal: <score>}" in error
     assert "serving_canary_accept: fail cannot be accepted" in error
@@ -144,10 +162,12 @@ def test_wrong_settings_are_refused_each_naming_its_variable():
 
 
 def test_settings_given_as_text_are_read_as_the_command_line_gives_them():
-    given = {"trials": "4", "max_trials": None, "margin": "0.05", "accept": "marginal, inconclusive"}
+    given = {"trials": "4", "trials_before": "2", "max_trials": None, "margin": "0.03",
+             "accept": "marginal, inconclusive"}
     plan = canary_plan(["h1", "h2"], fleet(), settings=given)
     assert plan["settings"]["trials"] == 4 and plan["settings"]["max_trials"] == 6
-    assert plan["settings"]["margin"] == 0.05 and plan["settings"]["accept"] == ["marginal", "inconclusive"]
+    assert plan["settings"]["trials_before"] == 2 and "measured by 2 trials" in plan["why"]
+    assert plan["settings"]["margin"] == 0.03 and plan["settings"]["accept"] == ["marginal", "inconclusive"]
 
 
 @pytest.mark.parametrize(("serial", "count", "size"), [
@@ -157,86 +177,112 @@ def test_the_first_batch_is_counted_as_ansible_counts_serial(serial, count, size
     assert first_batch_size(serial, count) == size
 
 
-def bench(score, output_tps, requests):
-    return {"score": score, "output_tps": output_tps, "simulated": True,
+def bench(score, output_tps, requests, label="h1"):
+    return {"label": label, "score": score, "output_tps": output_tps, "simulated": True,
             "samples": {"output_tps": [r[0] for r in requests], "ttft_ms": [r[1] for r in requests],
                         "tpot_ms": [r[2] for r in requests], "e2e_ms": [r[3] for r in requests]}}
 
 
-def test_a_sides_samples_are_per_run_per_request_and_per_instance():
-    samples = side_samples([bench(10000, 2500, [(3000, 25, 0.2, 60), (2800, 26, 0.2, 70)]), None,
-                            bench(9900, 2450, [(2900, 27, None, 65)])],
-                           qualities=[1.0, None], probes=[[{"passed": True}, {"passed": False}], []])
-    assert samples["score"] == [10000.0, 9900.0] and samples["output_tps"] == [2500.0, 2450.0]
-    assert samples["request_output_tps"] == [3000.0, 2800.0, 2900.0]
-    assert samples["tpot_ms"] == [0.2, 0.2]  # a request too short for a TPOT has none
-    assert samples["quality"] == [1.0] and samples["probes"] == [0.5]
+def test_a_trials_figures_are_its_benchs_and_the_medians_of_its_requests_paired_by_instance_and_trial():
+    canary = [bench(10000, 2500, [(3000, 25, 0.2, 60), (2800, 27, 0.3, 70)], "h1/vllm-1"), None,
+              bench(9000, 2400, [(2900, 27, None, 65)], "h1/vllm-2"),
+              bench(9900, 2450, [(2900, 26, 0.2, 66)], "h1/vllm-1")]
+    baseline = [bench(10100, 2520, [(3000, 24, 0.2, 61)], "h2/vllm-2"),
+                bench(10200, 2550, [(3000, 25, 0.2, 62)], "h2/vllm-1")]
+    pairs = paired(canary, baseline)
+    # vllm-1's second trial has no baseline trial to pair with: it is left out.
+    assert pairs["score"] == [(10000.0, 10200.0), (9000.0, 10100.0)]
+    assert pairs["ttft_ms"] == [(26.0, 25.0), (27.0, 24.0)]
+    assert pairs["tpot_ms"] == [(0.25, 0.2)]  # a request too short for a TPOT has none
+    historical = paired(canary, [bench(9800, 2400, [(2900, 26, 0.2, 61)], "recorded/vllm-1")], reuse=True)
+    assert historical["score"] == [(10000.0, 9800.0), (9900.0, 9800.0)]
 
 
-def test_a_historical_side_is_what_the_release_recorded_with_every_probe_passed():
+def test_the_correctness_pairs_are_each_instances_quality_and_share_of_passed_probes():
+    pairs = correctness_pairs({"qualities": [1.0, None, 0.9], "probes": [[{"passed": True}, {"passed": False}], []]},
+                              {"qualities": [0.97], "probe_shares": [1.0]})
+    assert pairs == {"quality": [(1.0, 0.97), (0.9, 0.97)], "probes": [(0.5, 1.0)]}
+
+
+def test_a_historical_side_is_what_the_release_recorded_labelled_by_instance_with_every_probe_passed():
     gates = {"instances": {"vllm-1": {"bench": bench(10000, 2500, [(3000, 25, 0.2, 60)]), "quality": {"score": 0.97}},
                            "vllm-2": {"bench": bench(9800, 2400, [(2900, 26, 0.2, 61)])}}}
-    samples = historical_samples(gates, ["vllm-1", "vllm-2"])
-    assert samples["score"] == [10000.0, 9800.0] and samples["quality"] == [0.97]
-    assert samples["probes"] == [1.0, 1.0] and samples["ttft_ms"] == [25.0, 26.0]
+    side = historical_side(gates, ["vllm-1", "vllm-2"])
+    assert [entry["label"] for entry in side["benches"]] == ["recorded/vllm-1", "recorded/vllm-2"]
+    assert side["qualities"] == [0.97, None] and side["probes"] == [[{"passed": True}], [{"passed": True}]]
+    assert historical_side({"instances": {"vllm": {"bench": {"score": 1.0}}}}, ["vllm"])["benches"][0]["label"] == \
+        "recorded"
 
 
-def trials(rate, count=3, requests=24, jitter=0.01, seed=1):
-    """Benches whose figures scale with `rate`, each request drawn with a little noise."""
+def trials(rate, label, count=3, jitter=0.01, seed=1):
+    """Benches whose figures scale with `rate`, each trial drawn with a little noise."""
     rng = random.Random(seed)
     benches = []
     for _trial in range(count):
-        draws = [1 + rng.uniform(-jitter, jitter) for _request in range(requests)]
-        benches.append(bench(10000 * rate * draws[0], 2500 * rate * draws[1],
-                             [(3000 * rate * d, 25 / rate * d, 0.2 / rate * d, 60 / rate * d) for d in draws]))
+        draw = 1 + rng.uniform(-jitter, jitter)
+        benches.append(bench(10000 * rate * draw, 2500 * rate * draw,
+                             [(3000 * rate * draw, 25 / rate / draw, 0.2 / rate / draw, 60 / rate / draw)], label))
     return benches
 
 
-def side(benches, quality=1.0):
-    return side_samples(benches, [quality], [[{"passed": True}] * 75])
+def pairs_of(canary_rate, baseline_rate=1.0, quality=1.0, count=3, jitter=0.01):
+    return {**paired(trials(canary_rate, "h1", count, jitter, seed=1), trials(baseline_rate, "h2", count, jitter, seed=2)),
+            **correctness_pairs({"qualities": [quality], "probes": [[{"passed": True}] * 75]},
+                                {"qualities": [1.0], "probes": [[{"passed": True}] * 75]})}
 
 
 def test_the_same_release_on_both_sides_passes_and_the_rollout_goes_on():
-    analysis = analyse(side(trials(1.0, seed=1)), side(trials(1.0, seed=2)), **MARGINS)
+    analysis = analyse(pairs_of(1.0), **MARGINS)
     assert (analysis["verdict"], analysis["score"], analysis["promote"]) == ("pass", 100.0, True)
 
 
 def test_a_canary_ten_percent_slower_fails_naming_the_score_its_shift_and_interval():
-    analysis = analyse(side(trials(0.9, seed=1)), side(trials(1.0, seed=2)), **MARGINS)
+    analysis = analyse(pairs_of(0.9), **MARGINS)
     assert (analysis["verdict"], analysis["score"], analysis["promote"]) == ("fail", 0.0, False)
-    assert any(reason.startswith("score -10.") and reason.endswith("< -2 %") for reason in analysis["reasons"])
+    assert any(reason.startswith("score -10.") and reason.endswith("< -5 %") for reason in analysis["reasons"])
+
+
+def test_a_host_slower_by_nature_passes_once_the_trials_before_the_change_measured_its_gap():
+    slow_host = {**paired(trials(0.94, "h1", seed=3), trials(1.0, "h2", seed=4))}
+    alone = analyse(pairs_of(0.94), **MARGINS)
+    judged = analyse(pairs_of(0.94), before=slow_host, **MARGINS)
+    assert not alone["promote"] and alone["reasons"][0].startswith("score -6.")
+    assert (judged["verdict"], judged["promote"]) == ("pass", True)
 
 
 def test_a_quality_drop_beyond_its_bound_fails_the_canary_however_fast_it_is():
-    analysis = analyse(side(trials(1.0, seed=1), quality=0.9), side(trials(1.0, seed=2)), **MARGINS)
-    assert analysis["verdict"] == "fail" and analysis["reasons"] == ["quality -10.0 % [-10.0, -10.0] < -4 %"]
+    analysis = analyse(pairs_of(1.0, quality=0.9), **MARGINS)
+    assert analysis["verdict"] == "fail" and analysis["reasons"] == ["quality -10.0 % < -4 %"]
 
 
-def test_noise_too_wide_for_the_samples_is_inconclusive_unless_accepted():
-    canary, baseline = side(trials(1.0, count=1, jitter=0.5, seed=1)), side(trials(1.0, count=1, jitter=0.5, seed=2))
-    analysis = analyse(canary, baseline, **MARGINS)
+def test_too_few_trials_are_inconclusive_unless_accepted():
+    pairs = pairs_of(1.0, count=1, jitter=0.5)
+    analysis = analyse(pairs, **MARGINS)
     assert analysis["verdict"] == "inconclusive" and not analysis["promote"]
-    assert any("too few samples for the noise" in reason for reason in analysis["reasons"])
-    accepted = analyse(canary, baseline, accept=["inconclusive"], **MARGINS)
+    assert any("too few trials to tell (1 trial)" in reason for reason in analysis["reasons"])
+    accepted = analyse(pairs, accept=["inconclusive"], **MARGINS)
     assert accepted["promote"] and accepted["accepted"]
     with pytest.raises(ValueError, match="fail cannot be accepted"):
-        analyse(canary, baseline, accept=["fail"], **MARGINS)
+        analyse(pairs, accept=["fail"], **MARGINS)
 
 
-def test_the_record_keeps_the_verdict_and_each_metrics_quartiles_not_the_samples():
-    analysis = analyse(side(trials(0.9, seed=1)), side(trials(1.0, seed=2)), **MARGINS)
-    analysis.update(trials=3, baseline={"host": "h2", "kind": SAME_WINDOW, "release": "sub510"}, simulated=True)
+def test_the_record_keeps_the_verdict_and_each_metrics_quartiles_not_the_trials():
+    analysis = analyse(pairs_of(0.9), **MARGINS)
+    analysis.update(trials=3, trials_before=3, baseline={"host": "h2", "kind": SAME_WINDOW, "release": "sub510"},
+                    simulated=True)
     record = canary_record(analysis)
-    assert record["verdict"] == "fail" and record["baseline"]["host"] == "h2" and record["trials"] == 3
+    assert record["verdict"] == "fail" and record["baseline"]["host"] == "h2"
+    assert (record["trials"], record["trials_before"]) == (3, 3)
     score = next(metric for metric in record["metrics"] if metric["name"] == "score")
-    assert score["classification"] == "Low" and score["canary"]["count"] == 3 and "u" not in score
+    assert score["classification"] == "Low" and score["canary"]["count"] == 3 and score["trials"] == 3
     assert set(score["canary"]) == {"count", "min", "p25", "median", "p75", "max", "mean"}
     assert canary_record(None) is None and canary_record({"skipped": True}) is None
 
 
-def test_the_verdict_line_names_the_baseline_and_the_reasons():
-    analysis = analyse(side(trials(0.9, seed=1)), side(trials(1.0, seed=2)), **MARGINS)
-    line = verdict_line(analysis, "h1", {"host": "h2", "kind": SAME_WINDOW, "release": "sub510"}, 3)
-    assert line.startswith("h1: canary analysis fail, score 0 after 3 trials against h2 (same window, sub510): score -")
+def test_the_verdict_line_names_the_baseline_the_trials_and_the_reasons():
+    analysis = analyse(pairs_of(0.9), **MARGINS)
+    line = verdict_line(analysis, "h1", {"host": "h2", "kind": SAME_WINDOW, "release": "sub510"}, 3, 3)
+    assert line.startswith("h1: canary analysis fail, score 0 after 3 trials (3 before the change) against h2 "
+                           "(same window, sub510): score -")
     historical = verdict_line(analysis, "h1", {"host": None, "kind": HISTORICAL, "release": "sub510"}, 1)
     assert "after 1 trial against h1 (historical, sub510)" in historical

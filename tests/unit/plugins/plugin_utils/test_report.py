@@ -16,7 +16,8 @@ from PIL import Image
 from ansible_collections.biv100.serving.plugins.plugin_utils._canary_analysis import (
     analyse,
     canary_record,
-    side_samples,
+    correctness_pairs,
+    paired,
 )
 from ansible_collections.biv100.serving.plugins.plugin_utils._figure_cells import figure_cells
 from ansible_collections.biv100.serving.plugins.plugin_utils._report import INDEX, plot_names, render
@@ -516,20 +517,20 @@ def test_a_simulated_analysis_is_drawn_hollow_and_named_and_a_real_one_filled():
 
 
 def test_the_judges_own_record_is_drawn_one_panel_per_metric():
-    def side(rate, seed):
+    def benches(rate, seed, label):
         rng = Random(seed)
-        benches = []
+        made = []
         for _trial in range(3):
-            draws = [1 + rng.uniform(-0.01, 0.01) for _request in range(24)]
-            benches.append({"score": 10000 * rate * draws[0], "output_tps": 2500 * rate * draws[1],
-                            "samples": {"output_tps": [3000 * rate * d for d in draws],
-                                        "ttft_ms": [25 / rate * d for d in draws],
-                                        "tpot_ms": [0.2 / rate * d for d in draws],
-                                        "e2e_ms": [60 / rate * d for d in draws]}})
-        return side_samples(benches, [1.0], [[{"passed": True}] * 10])
+            draw = 1 + rng.uniform(-0.01, 0.01)
+            made.append({"label": label, "score": 10000 * rate * draw, "output_tps": 2500 * rate * draw,
+                         "samples": {"ttft_ms": [25 / rate / draw], "tpot_ms": [0.2 / rate / draw],
+                                     "e2e_ms": [60 / rate / draw]}})
+        return made
 
-    analysis = analyse(side(0.9, 1), side(1.0, 2), margin=0.02, request_margin=0.10, quality_margin=0.04,
-                       pass_score=75, marginal_score=50, confidence=0.98)
+    correct = {"qualities": [1.0], "probes": [[{"passed": True}] * 10]}
+    analysis = analyse({**paired(benches(0.9, 1, "h1"), benches(1.0, 2, "h2")), **correctness_pairs(correct, correct)},
+                       margin=0.05, request_margin=0.10, quality_margin=0.04, pass_score=95, marginal_score=75,
+                       confidence=0.98)
     analysis.update(trials=3, baseline={"host": "h2", "kind": "same window", "release": "r0"}, simulated=True)
     lines = [line("r1", "h1", 1, canary=canary_record(analysis))]
     [drawn] = analyses(lines)
