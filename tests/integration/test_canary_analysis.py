@@ -1,9 +1,10 @@
-"""The canary analysis on the lab: after the canary cleared every gate, it is benched side by side
-with the next host of the rollout, still on the fleet's release, and judged against it. The same
-release passes; a canary 10 % slower fails and is rolled back with the fleet untouched; one
-slower within the margin passes; without a host like the canary, its own record is the baseline;
-noise too high for the samples is inconclusive and stops the rollout before the next batch,
-unless accepted. Only the canary ever runs a rejected release.
+"""The canary analysis on the lab: before the canary changes, it is benched side by side with the
+next host of the rollout, both on the fleet's release (the A/A trials); after it cleared every
+gate, the two are benched side by side again, and the canary is judged against the baseline. The
+same release passes at the default settings; a canary 10 % slower fails and is rolled back with
+the fleet untouched; one slower within the margin passes; without a host like the canary, its
+own record is the baseline; too few trials are inconclusive and stop the rollout before the next
+batch, unless accepted. Only the canary ever runs a rejected release.
 Every figure is the lab's stand-in's, and says so."""
 
 from __future__ import annotations
@@ -21,11 +22,6 @@ pytestmark = [pytest.mark.lab, pytest.mark.usefixtures("one_cpu_heavy_module_at_
 
 DEPLOY = "deploy.yml"
 JUDGE_TASK = "Judge the canary against its baseline"
-# The lab's bench takes a second; on a machine shared with another lab and the linters, one
-# run's score differs from the next by up to 3 %, so two hosts serving the same release are
-# told apart from a 2 % harm only after more trials than a test should wait for. The tests that
-# expect a pass allow a wider margin; the slower canary fails against the default one.
-NOISY_MACHINE_MARGIN = 0.05
 # The competition's gates: the analysis compares what the throughput gate measures.
 GATES = yaml.safe_load((REPO / "roles" / "serving" / "defaults" / "main.yml").read_text())["serving_competition"]
 STANDIN_ENV = yaml.safe_load((REPO / "inventory" / "lab" / "group_vars" / "biv100.yml").read_text())["engine_env"]
@@ -77,20 +73,23 @@ def fleet(lab, tmp_path_factory):
 def test_the_same_release_on_canary_and_baseline_passes_and_the_rollout_goes_on(lab, fleet, tmp_path):
     canary, baseline = lab.hosts[0], lab.hosts[1]
 
-    run = deploy(lab, tmp_path, "sub601", serving_canary_margin=NOISY_MACHINE_MARGIN)
+    # At the default settings: the trials are paired, and the hosts' gap measured before the change.
+    run = deploy(lab, tmp_path, "sub601")
 
     assert run.rc == 0, said(run)[-3000:]
-    assert f"canary analysis of {canary.name} against {baseline.name} (same window, sub600), 3 to 6 trials" \
-        in said(run)
+    assert (f"canary analysis of {canary.name} against {baseline.name} (same window, sub600); their own gap "
+            "measured by 3 trials before the canary changes, 3 to 6 trials") in said(run)
     judged = analysis(run, canary)
     # Three trials, or up to six while the machine's noise leaves the verdict open.
     assert (judged["verdict"], judged["score"]) == ("pass", 100.0) and 3 <= judged["trials"] <= 6
     assert judged["simulated"]
     assert judged["baseline"] == {"host": baseline.name, "kind": "same window", "release": "sub600"}
     metrics = {metric["name"]: metric for metric in judged["metrics"]}
-    # Three bench runs a side, 24 requests each; the quality set and the probes once a side.
+    # One figure a side per trial, the latencies the medians of its 24 requests; the quality set
+    # and the probes once a side.
     trials = judged["trials"]
-    assert (metrics["score"]["canary"]["count"], metrics["ttft_ms"]["baseline"]["count"]) == (trials, 24 * trials)
+    assert (metrics["score"]["canary"]["count"], metrics["ttft_ms"]["baseline"]["count"]) == (trials, trials)
+    assert judged["trials_before"] == metrics["score"]["trials_before"] == 3
     assert metrics["probes"]["baseline"]["median"] == 1.0 and metrics["quality"]["canary"]["median"] == 1.0
     for host in lab.hosts:
         assert current_release(host)["id"] == "sub601" and current_release(host)["status"] == "good"
@@ -98,7 +97,7 @@ def test_the_same_release_on_canary_and_baseline_passes_and_the_rollout_goes_on(
     assert kept["verdict"] == "pass" and kept["baseline"]["host"] == baseline.name
     assert "canary" not in current_release(baseline)["gates"]
     written = json.loads((REPO / "build" / "canary" / "sub601" / f"{canary.name}.json").read_text())
-    assert len(written["samples"]["canary"]["e2e_ms"]) == len(written["samples"]["baseline"]["e2e_ms"]) == 24 * trials
+    assert len(written["pairs"]["e2e_ms"]) == trials and len(written["pairs_before"]["score"]) == 3
     (line,) = [json.loads(text) for text in (tmp_path / "ledger" / "ledger.jsonl").read_text().splitlines()
                if json.loads(text)["host"] == canary.name]
     assert line["canary"]["verdict"] == "pass"
@@ -117,9 +116,8 @@ def test_a_canary_ten_percent_slower_fails_and_only_the_canary_ever_ran_it(lab, 
 
     assert run.rc != 0 and run.hosts_with("failures") == {canary.name}
     (message,) = [text for text in run.failure_messages(canary.name) if "rolled back to" in text]
-    # Three trials a side give the exact test's 90 %, not the 98 % asked: the line says so.
     assert re.match(rf"{canary.name}: the canary phase failed at 'Hold the canary to its baseline': canary: "
-                    r"score -\d+\.\d % \[-\d+\.\d, -\d+\.\d\] \(90 % interval\) < -2 %", message), message
+                    r"score -\d+\.\d % \[-\d+\.\d, -\d+\.\d\] < -5 %", message), message
     assert f"rolled back to {had}, engine healthy" in message
     judged = analysis(run, canary)
     assert (judged["verdict"], judged["score"]) == ("fail", 0.0)
@@ -137,13 +135,13 @@ def test_a_canary_ten_percent_slower_fails_and_only_the_canary_ever_ran_it(lab, 
 def test_a_canary_slower_within_the_margin_passes(lab, fleet, tmp_path):
     canary = lab.hosts[0]
 
-    run = deploy(lab, tmp_path, "sub603", serving_canary_margin=0.08, **per_host({canary.name: slower(0.04)}))
+    run = deploy(lab, tmp_path, "sub603", **per_host({canary.name: slower(0.03)}))
 
     assert run.rc == 0, said(run)[-3000:]
     judged = analysis(run, canary)
     score = {metric["name"]: metric for metric in judged["metrics"]}["score"]
-    # Measured slower, by less than the margin the run allowed.
-    assert judged["verdict"] == "pass" and -8 < score["interval_pct"][0] and score["shift_pct"] < 0
+    # Measured slower, by less than the default 5 % margin.
+    assert judged["verdict"] == "pass" and -5 < score["shift_pct"] < 0
     assert all(current_release(host)["id"] == "sub603" for host in lab.hosts)
 
 
@@ -155,34 +153,35 @@ def test_without_a_host_like_the_canary_its_own_record_is_the_weaker_historical_
                          extravars={"serving_release": "sub606", "serving_gates": GATES, **ONE_BATCH})
     assert ahead.rc == 0, ahead.stats
 
-    run = deploy(lab, tmp_path, "sub606", serving_canary_margin=NOISY_MACHINE_MARGIN)
+    run = deploy(lab, tmp_path, "sub606")
 
     assert run.rc == 0, said(run)[-3000:]
     assert f"canary analysis of {canary.name} against {canary.name}'s own figures (historical, {had})" in said(run)
     judged = analysis(run, canary)
     assert judged["baseline"] == {"host": None, "kind": "historical", "release": had} and judged["promote"]
     metrics = {metric["name"]: metric for metric in judged["metrics"]}
-    # One gate bench recorded with the release, its 24 requests kept with it.
-    assert (metrics["score"]["baseline"]["count"], metrics["ttft_ms"]["baseline"]["count"]) == (1, 24)
+    # The one gate bench recorded with the release, every trial paired with it; no A/A trials.
+    score = metrics["score"]
+    assert score["baseline"]["count"] == judged["trials"] and score["baseline"]["min"] == score["baseline"]["max"]
+    assert judged["trials_before"] == 0
     assert f"against {canary.name} (historical, {had})" in judged["msg"]
     assert current_release(canary)["id"] == "sub606"
     assert not any(result for host in others for result in run.results(host.name, JUDGE_TASK))
 
 
-def test_noise_too_high_for_the_samples_is_inconclusive_and_stops_before_the_next_batch(lab, fleet, tmp_path):
+def test_too_few_trials_are_inconclusive_and_stop_before_the_next_batch_unless_accepted(lab, fleet, tmp_path):
     canary, others = lab.hosts[0], lab.hosts[1:]
-    # Each of the canary's requests takes from a tenth to 1.9 times as long as the rates say (its
-    # mean unchanged): two bench runs a side cannot tell a shift of 2 % through that.
-    noisy = {canary.name: {"BIV100_STANDIN_JITTER": "0.9", "BIV100_STANDIN_SEED": "7"}}
+    # One trial, up to two, and none before the change: a pair or two has no spread to judge by.
+    few = {"serving_canary_trials": 1, "serving_canary_max_trials": 2, "serving_canary_trials_before": 0}
     before = {key: value for key, value in host_state(lab).items() if not key.startswith(f"{canary.name}:")}
     had = current_release(canary)["id"]
 
-    run = deploy(lab, tmp_path, "sub604", serving_canary_trials=1, serving_canary_max_trials=2, **per_host(noisy))
+    run = deploy(lab, tmp_path, "sub604", **few)
 
     assert run.rc != 0 and run.hosts_with("failures") == {canary.name}
     judged = analysis(run, canary)
     assert judged["verdict"] == "inconclusive" and judged["trials"] == 2
-    assert any("too few samples" in reason for reason in judged["reasons"])
+    assert any("too few trials to tell (2 trials)" in reason for reason in judged["reasons"])
     (message,) = [text for text in run.failure_messages(canary.name) if "rolled back to" in text]
     assert "(inconclusive after 2 trials: the rollout stops before the next batch; measure again, or let it go on " \
            "with -e serving_canary_accept=inconclusive)" in message
@@ -191,8 +190,7 @@ def test_noise_too_high_for_the_samples_is_inconclusive_and_stops_before_the_nex
     assert all("sub604" not in releases_of(host) for host in others)
 
     (tmp_path / "accepted").mkdir()
-    accepted = deploy(lab, tmp_path / "accepted", "sub605", serving_canary_trials=1, serving_canary_max_trials=2,
-                      serving_canary_accept="inconclusive", **per_host(noisy))
+    accepted = deploy(lab, tmp_path / "accepted", "sub605", serving_canary_accept="inconclusive", **few)
 
     assert accepted.rc == 0, accepted.stats
     judged = analysis(accepted, canary)
