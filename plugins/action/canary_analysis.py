@@ -4,12 +4,13 @@
 """biv100.serving.canary_analysis: judge a canary's measurements against its baseline's, on the
 controller (plugin_utils/_canary_analysis.py, _canary_judge.py).
 
-The sides come as the playbook gathered them, bench results per engine instance and trial
-(paired by instance and trial), quality scores and probe verdicts per instance; the benches of
+The sides come as the playbook gathered them: bench results per engine instance and trial
+(paired by instance and trial), quality scores and probe verdicts per instance. The benches of
 the A/A trials, both hosts on the release they ran before the canary changed, come as `before`.
-A historical baseline comes as the gates' figures its release recorded. The verdict is data: the task fails only on bad input, and the playbook decides what
-a verdict does to the rollout (promote says whether it may go on). The analysis is shown as one
-line, and written with every sample to build/canary/<release>/<host>.json at the project root.
+A historical baseline comes as the gates' figures its release recorded. The verdict is data: the
+task fails only on bad input, and the playbook decides what a verdict does to the rollout
+(promote says whether it may go on). The analysis is shown as one line, and written with every
+pair to build/canary/<release>/<host>.json at the project root.
 """
 
 from __future__ import annotations
@@ -35,7 +36,6 @@ from ansible_collections.biv100.serving.plugins.plugin_utils._canary_analysis im
     verdict_line,
 )
 from ansible_collections.biv100.serving.plugins.plugin_utils._controller_action import ControllerAction
-from ansible_collections.biv100.serving.plugins.plugin_utils._engine_instances import recorded_instance
 from ansible_collections.biv100.serving.plugins.plugin_utils._project_folder import project_root
 
 display = Display()

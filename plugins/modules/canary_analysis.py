@@ -15,27 +15,31 @@ module: canary_analysis
 short_description: Judge a canary's measurements against a baseline's, metric by metric, as Kayenta does
 version_added: 0.2.0
 description:
-  - Compares the canary's samples with its baseline's on the controller and returns a verdict
+  - Compares the canary's trials with its baseline's on the controller and returns a verdict
     that steers a rollout - C(pass), C(marginal), C(fail) or C(inconclusive) - with a score out
     of 100.
-  - The metrics - per bench run the weighted token C(score) and C(output_tps); per measured
-    request C(request_output_tps) (output tokens over E2E), C(ttft_ms), C(tpot_ms) and
-    C(e2e_ms); per engine instance the C(quality) set's score and the share of C(probes) that
-    passed. Throughput must not decrease and latencies must not increase by more than a margin
-    of the baseline's median.
-  - Per metric, a Mann-Whitney U test (C(scipy.stats.mannwhitneyu)) and the Hodges-Lehmann
-    shift with its distribution-free confidence interval; C(Low) when the whole interval lies
-    below -margin for a throughput or score, C(High) when it lies above +margin for a latency,
-    C(NoData) without samples on a side, else C(Pass), which is conclusive only when the interval
-    stays within the margin.
+  - The metrics - per trial the weighted token C(score), C(output_tps) and the medians of its
+    requests' C(ttft_ms), C(tpot_ms) and C(e2e_ms); per engine instance the C(quality) set's
+    score and the share of C(probes) that passed. Throughput must not decrease and latencies
+    must not increase by more than a margin.
+  - The unit is the trial - a canary bench and the baseline's of the same engine instance and
+    trial (the benches' C(label)), measured in the same seconds, are a pair. Per metric the
+    estimate is the mean log ratio canary / baseline of the trials, less that of the A/A trials
+    O(before) the canary changed (difference in differences, which takes the hosts' own gap
+    out), with its Student-t interval from the pooled spread of both phases.
+  - C(Low) when the shift lies below -margin and the whole interval below 0, for a throughput or
+    score; C(High) likewise above +margin and 0 for a latency; C(NoData) without a pair; else
+    C(Pass), which is not conclusive when the shift lies past the margin (within the noise) or
+    there are too few trials for an interval. A C(quality) or C(probes) figure is compared as it
+    is.
   - The score is Kayenta's weighted sum over the groups throughput (50), latency (30) and
-    correctness (20, the quality set and the probes). C(score), C(quality) and C(probes) are critical, a regression of
-    one makes the score 0. Below O(marginal_score) the verdict is C(fail), below O(pass_score)
-    C(marginal), else C(pass); C(inconclusive) instead of those two when an interval is too wide
-    for its margin or a critical metric has no data.
+    correctness (20, the quality set and the probes). C(score), C(quality) and C(probes) are
+    critical, a regression of one makes the score 0. Below O(marginal_score) the verdict is
+    C(fail), below O(pass_score) C(marginal), else C(pass); C(inconclusive) instead of those two
+    when a Pass is not conclusive or a critical metric has no data.
   - The verdict is data; the task fails only on bad input. RV(promote) says whether the rollout
     may go on - on a pass, or a verdict O(accept) names.
-  - Shows the analysis as one line, and writes it with every sample to
+  - Shows the analysis as one line, and writes it with every pair to
     C(build/canary/<release>/<host>.json) at the project root.
   - Needs C(scipy) on the controller (the project's C(requirements.txt)).
 options:
@@ -52,7 +56,7 @@ options:
         type: str
       benches:
         description: The results of M(biv100.serving.engine_bench), one per trial and engine
-          instance, with their per-request C(samples).
+          instance, in trial order, with their C(label) and per-request C(samples).
         type: list
         elements: dict
         default: []
@@ -109,18 +113,34 @@ options:
         type: list
         elements: str
         default: []
+  before:
+    description:
+      - The A/A trials of a same-window baseline - both hosts benched together on the release both
+        ran before the canary changed, one bench per trial and engine instance as for
+        O(canary.benches). Their pairs' gap is taken out of the trials after the change. Without
+        them, the hosts' gap counts as the release's. A historical baseline takes none.
+    type: dict
+    suboptions:
+      canary:
+        description: The canary's benches.
+        type: list
+        elements: dict
+        default: []
+      baseline:
+        description: The baseline's benches.
+        type: list
+        elements: dict
+        default: []
   trials:
-    description: The bench runs each side made, for the line shown.
+    description: The trials after the change, for the line shown.
     type: int
     required: true
   margin:
-    description: The harm allowed to a bench run's figures (C(score), C(output_tps)), a fraction of the
-      baseline's median.
+    description: The harm allowed to a trial's C(score) and C(output_tps), a fraction.
     type: float
-    default: 0.02
+    default: 0.05
   request_margin:
-    description: The harm allowed to a request's figures, which vary with the workload's own mix of
-      lengths.
+    description: The harm allowed to a trial's latencies, the medians of a few dozen requests.
     type: float
     default: 0.10
   quality_margin:
@@ -128,13 +148,13 @@ options:
     type: float
     required: true
   pass_score:
-    description: The lowest score that passes.
+    description: The lowest score that passes (Kayenta's documented example).
     type: float
-    default: 75
+    default: 95
   marginal_score:
     description: The lowest score that is marginal rather than a fail.
     type: float
-    default: 50
+    default: 75
   confidence:
     description: The confidence of the shift's interval.
     type: float
@@ -171,6 +191,8 @@ EXAMPLES = r"""
   biv100.serving.canary_analysis:
     canary: {host: gpu1, release: sub511, benches: "{{ canary_benches }}"}
     baseline: {host: gpu2, release: sub510, benches: "{{ baseline_benches }}"}
+    # Both hosts benched together before gpu1 changed.
+    before: {canary: "{{ canary_benches_before }}", baseline: "{{ baseline_benches_before }}"}
     trials: 3
     quality_margin: 0.04
   register: analysis
@@ -205,15 +227,15 @@ reasons:
   returned: success
   type: list
   elements: str
-  sample: ["output_tps -6.8 % [-8.1, -5.2] < -2 %"]
+  sample: ["output_tps -6.8 % [-8.1, -5.2] < -5 %"]
 thresholds:
   description: The pass and marginal scores.
   returned: success
   type: dict
-  sample: {pass: 75, marginal: 50}
+  sample: {pass: 95, marginal: 75}
 metrics:
-  description: Per metric its group, direction, margin, classification, shift and interval in percent of
-    the baseline's median, the test's p-value, and each side's sample size and quartiles.
+  description: Per metric its group, direction, margin, classification, shift and interval in percent,
+    the test's p-value, the trials after and before the change, and each side's quartiles.
   returned: success
   type: list
   elements: dict
@@ -227,7 +249,11 @@ baseline:
   type: dict
   sample: {host: gpu2, kind: same window, release: sub510}
 trials:
-  description: The bench runs each side made.
+  description: The trials after the change.
+  returned: success
+  type: int
+trials_before:
+  description: The A/A trials before the change whose pairs the judge used.
   returned: success
   type: int
 simulated:
@@ -235,7 +261,7 @@ simulated:
   returned: success
   type: bool
 results_file:
-  description: The analysis written on the controller, with every sample; null in check mode.
+  description: The analysis written on the controller, with every pair; null in check mode.
   returned: success
   type: str
 """
