@@ -23,14 +23,14 @@ from ansible_collections.biv100.serving.plugins.plugin_utils._report_ledger impo
 
 CANARY_PLOT_PREFIX = "canary-"
 # What a canary plot's y axis measures, by the analysis' metric name; a metric not named here is
-# drawn without a unit.
+# drawn without a unit. (request_output_tps is an older record's: the judge pooled requests then.)
 CANARY_UNITS = {
     "score": "weighted score",
-    "output_tps": "output tok/s (per run)",
+    "output_tps": "output tok/s (per trial)",
     "request_output_tps": "output tok/s (per request)",
-    "ttft_ms": "milliseconds",
-    "tpot_ms": "milliseconds",
-    "e2e_ms": "milliseconds",
+    "ttft_ms": "milliseconds (a trial's median)",
+    "tpot_ms": "milliseconds (a trial's median)",
+    "e2e_ms": "milliseconds (a trial's median)",
     "quality": "quality score",
     "probes": "share of probes passed",
 }

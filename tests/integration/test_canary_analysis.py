@@ -171,8 +171,10 @@ def test_without_a_host_like_the_canary_its_own_record_is_the_weaker_historical_
 
 def test_too_few_trials_are_inconclusive_and_stop_before_the_next_batch_unless_accepted(lab, fleet, tmp_path):
     canary, others = lab.hosts[0], lab.hosts[1:]
-    # One trial, up to two, and none before the change: a pair or two has no spread to judge by.
-    few = {"serving_canary_trials": 1, "serving_canary_max_trials": 2, "serving_canary_trials_before": 0}
+    # One trial, up to two, and none before the change: a pair or two has no spread to judge by. The
+    # canary's engine gets a seed of its own, a change that restarts it (else nothing is judged).
+    few = {"serving_canary_trials": 1, "serving_canary_max_trials": 2, "serving_canary_trials_before": 0,
+           **per_host({canary.name: {"BIV100_STANDIN_SEED": "7"}})}
     before = {key: value for key, value in host_state(lab).items() if not key.startswith(f"{canary.name}:")}
     had = current_release(canary)["id"]
 
