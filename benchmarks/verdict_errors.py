@@ -41,7 +41,7 @@ def main() -> None:
     for case, cells in found.items():
         print(f"| {case} | " + " | ".join(f"{100 * cells[noise]['stops']:.1f} % ({cells[noise]['trials']:.1f} trials)"
                                           for noise in noises) + " |")
-    print(f"(a release N % slower moves the score by "
+    print("(a release N % slower moves the score by "
           + ", ".join(f"{verdict_errors.score_shift(1 - slower):+.1f} %" for slower in verdict_errors.SLOWER)
           + f"; {time.monotonic() - started:.0f} s)")
 
