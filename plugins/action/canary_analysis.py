@@ -67,6 +67,8 @@ ARGUMENT_SPEC = {
     "marginal_score": {"type": "float", "default": SETTINGS["thresholds"]["marginal"]},
     "confidence": {"type": "float", "default": 0.98},
     "accept": {"type": "list", "elements": "str", "default": []},
+    "latency": {"type": "dict"},
+    "concurrency_changes": {"type": "list", "elements": "str", "default": []},
     "results_dir": {"type": "path"},
 }
 
@@ -100,7 +102,8 @@ class ActionModule(ControllerAction):
             analysis = analyse(pairs, before=before_pairs, margin=args["margin"],
                                request_margin=args["request_margin"], quality_margin=args["quality_margin"],
                                pass_score=args["pass_score"], marginal_score=args["marginal_score"],
-                               confidence=args["confidence"], accept=args["accept"])
+                               confidence=args["confidence"], accept=args["accept"], latency=args["latency"],
+                               concurrency_changes=args["concurrency_changes"])
         except (ValueError, RuntimeError) as error:
             raise AnsibleActionFail(str(error)) from None
         analysis["trials_before"] = trials_before
@@ -109,6 +112,7 @@ class ActionModule(ControllerAction):
                    "kind": baseline["kind"], "release": baseline["release"]}
         simulated = any(bench.get("simulated") for bench in (*canary["benches"], *baseline["benches"]) if bench)
         line = (verdict_line(analysis, canary["host"], against, args["trials"], trials_before)
+                + (f" ({analysis['latency_judged']})" if analysis["latency_judged"] else "")
                 + (" [simulated]" if simulated else ""))
         display.display(line)
         result.update(
@@ -124,6 +128,7 @@ class ActionModule(ControllerAction):
             baseline=against,
             trials=args["trials"],
             trials_before=trials_before,
+            latency_judged=analysis["latency_judged"],
             simulated=simulated,
             msg=line,
             results_file=None,
@@ -132,7 +137,8 @@ class ActionModule(ControllerAction):
             folder = project_root(C.CONFIG_FILE) / (args["results_dir"] or os.path.join("build", "canary"))
             path = folder / canary["release"] / f"{canary['host']}.json"
             document = {key: result[key] for key in ("verdict", "score", "promote", "accepted", "reasons", "thresholds",
-                                                     "canary", "baseline", "trials", "trials_before", "simulated")}
+                                                     "canary", "baseline", "trials", "trials_before", "latency_judged",
+                                                     "simulated")}
             document.update(metrics=analysis["metrics"], written=utc_timestamp(),
                             pairs=pairs, pairs_before=before_pairs)
             try:

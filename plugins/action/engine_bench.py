@@ -42,6 +42,7 @@ from ansible_collections.biv100.serving.plugins.plugin_utils._bench_workload imp
     shortened,
     workload_path,
 )
+from ansible_collections.biv100.serving.plugins.plugin_utils._objective import held, latency_problems, resolved_limits
 from ansible_collections.biv100.serving.plugins.plugin_utils._project_folder import project_root
 
 display = Display()
@@ -94,6 +95,9 @@ class ActionModule(ActionBase):
         if args["gate"] is None:
             raise AnsibleActionFail("gate is required: the score a release must reach (the gates role passes "
                                     "serving_competition's throughput score)")
+        problems = latency_problems(args["latency"])
+        if problems:
+            raise AnsibleActionFail("; ".join(problems))
         if args["detach"] and args["attach"]:
             raise AnsibleActionFail("detach and attach exclude each other: detach starts a benchmark job and "
                                     "returns it, attach follows the job a detached task returned")
@@ -314,15 +318,25 @@ def judge(answer: dict, args: dict, workload, host: str) -> dict:
     requests beyond the allowed fraction."""
     figures = {key: answer[key] for key in bench_record.MEASURED}
     gate = float(args["gate"])
-    passed = figures["score"] >= gate
-    verdict = dict(figures, gate={"score": gate, "passed": passed}, simulated=bool(answer.get("simulated")),
-                   host=host, release=args["release"], workload=workload.summary() if workload else None)
-    if passed:
+    incumbent = args["compare_with"] or {}
+    latency = held(headline(figures), resolved_limits(args["latency"], headline(incumbent.get("figures") or {}),
+                                                      incumbent.get("release")))
+    passed = figures["score"] >= gate and latency["passed"]
+    # The limits applied, only when the objective has any: the competition's gate is the score alone.
+    verdict = dict(figures, gate={"score": gate, "passed": passed,
+                                  **({"latency": latency["checks"]} if latency["checks"] else {})},
+                   simulated=bool(answer.get("simulated")), host=host, release=args["release"],
+                   workload=workload.summary() if workload else None)
+    if figures["score"] >= gate:
         msg = (f"score {figures['score']:.0f} >= {gate:.0f} (output {figures['output_tps']:.0f} tok/s, "
                f"input {figures['input_tps']:.0f} tok/s)")
     else:
         msg = (f"score {figures['score']:.0f} < {gate:.0f}: output {figures['output_tps']:.0f} tok/s, "
                f"input {figures['input_tps']:.0f} tok/s")
+    if latency["breaches"]:
+        msg = "latency over its limit: " + "; ".join(latency["breaches"]) + "; " + msg
+    if latency["unapplied"]:
+        msg += "; " + "; ".join(latency["unapplied"])
     if args["compare_with"]:
         verdict["deltas"] = deltas(figures, args["compare_with"])
         msg += "; " + delta_text(verdict["deltas"])
@@ -335,6 +349,11 @@ def judge(answer: dict, args: dict, workload, host: str) -> dict:
         verdict["failed"] = True
     verdict["msg"] = msg + _mark(verdict["simulated"])
     return verdict
+
+
+def headline(figures: dict) -> dict:
+    """The headline figures (score, throughputs, TTFT and TPOT p99) of a result or a record."""
+    return {name: bench_record.figure(figures, path) for name, path in bench_record.HEADLINE}
 
 
 def results_document(verdict: dict, answer: dict, args: dict) -> dict:

@@ -20,14 +20,14 @@ def canary_candidate_filter(plan, takes_part=False, gpus=None, instances=None) -
 
 
 def canary_plan_filter(order, candidates, enabled=True, measured=True, serial=None, baseline=None,
-                       settings=None) -> dict:
+                       settings=None, latency=None) -> dict:
     order = list(order)
     missing = [name for name in order if not isinstance(candidates.get(name), dict)]
     if missing:
         raise ValueError(f"canary_plan: no canary_candidate for {', '.join(missing)}")
     return canary_plan(order, candidates, enabled=bool(enabled), measured=bool(measured),
                        first_batch=first_batch_size(serial if serial is not None else 1, len(order)),
-                       baseline=baseline or None, settings=settings)
+                       baseline=baseline or None, settings=settings, latency=latency)
 
 
 class FilterModule:

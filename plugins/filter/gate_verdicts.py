@@ -8,7 +8,29 @@ serving_competition, the one definition of the competition, in the serving role'
 
 from __future__ import annotations
 
+from ansible_collections.biv100.serving.plugins.plugin_utils._objective import latency_problems
+
 FUNCTIONAL = "functional"
+MEASURED_GATES = ("quality", "throughput")
+
+
+def gate_problems(gates) -> list[str]:
+    """What is wrong with the gates' settings (serving_gates over the competition's), one sentence
+    each naming the variable: checked before any host changes."""
+    if not isinstance(gates, dict):
+        return [f"serving_gates must be a map from each gate that applies to its bounds, not {gates!r}"]
+    problems = []
+    unknown = [name for name in gates if name != FUNCTIONAL and name not in MEASURED_GATES]
+    if unknown:
+        problems.append(f"serving_gates names no such gate: {', '.join(sorted(unknown))} (serving_competition, in "
+                        "the serving role's defaults, names every gate there is)")
+    if FUNCTIONAL in gates and "min_probes" not in (gates[FUNCTIONAL] or {}):
+        problems.append(f"serving_gates.{FUNCTIONAL}.min_probes is missing: how many probes must pass (the "
+                        "serving role's serving_competition has the competition's)")
+    throughput = gates.get("throughput") or {}
+    if isinstance(throughput, dict):
+        problems.extend(latency_problems(throughput.get("latency")))
+    return problems
 
 
 def gate_verdicts(gates: dict, probes: dict | None = None, bench: dict | None = None,
@@ -21,10 +43,9 @@ def gate_verdicts(gates: dict, probes: dict | None = None, bench: dict | None = 
     neither passes nor fails a release.
     """
     measured = {"quality": quality, "throughput": bench}
-    unknown = [name for name in gates if name != FUNCTIONAL and name not in measured]
-    if unknown:
-        raise ValueError(f"serving_gates names no such gate: {', '.join(sorted(unknown))} "
-                         "(serving_competition, in the serving role's defaults, names every gate there is)")
+    problems = gate_problems(gates)
+    if problems:
+        raise ValueError("; ".join(problems))
     return [dict(gate=name, **(_functional(name, bounds or {}, probes) if name == FUNCTIONAL
                                else _measured(measured[name])))
             for name, bounds in gates.items()]
@@ -35,9 +56,6 @@ def _ran(result: dict | None) -> bool:
 
 
 def _functional(name: str, bounds: dict, probes: dict | None) -> dict:
-    if "min_probes" not in bounds:
-        raise ValueError(f"serving_gates.{name}.min_probes is missing: how many probes must pass (the "
-                         "serving role's serving_competition has the competition's)")
     if not _ran(probes) or "probes" not in probes:
         return {"passed": None, "summary": "not probed"}
     verdicts = probes["probes"]
@@ -68,4 +86,4 @@ def gate_failures(verdicts: list[dict]) -> list[str]:
 
 class FilterModule:
     def filters(self):
-        return {"gate_verdicts": gate_verdicts, "gate_failures": gate_failures}
+        return {"gate_verdicts": gate_verdicts, "gate_failures": gate_failures, "gate_problems": gate_problems}

@@ -44,6 +44,8 @@ def argument_spec():
         workload_factor=dict(type="float", default=1.0),
         # Required by the action, which alone reads it.
         gate=dict(type="float"),
+        # Read by the action: the throughput gate's latency limits (plugin_utils/_objective.py).
+        latency=dict(type="dict"),
         max_failed_fraction=dict(type="float", default=0.05),
         release=dict(type="str"),
         results_dir=dict(type="path"),

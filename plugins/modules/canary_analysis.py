@@ -164,6 +164,21 @@ options:
     type: list
     elements: str
     default: []
+  latency:
+    description:
+      - The objective's latency limits, the throughput gate's (C(ttft_p99_ms), C(tpot_p99_ms):
+        milliseconds, or a factor of the incumbent's such as C(1.5x)).
+      - With O(concurrency_changes), C(ttft_ms) and C(tpot_ms) are held to a factor limit as their
+        margin instead of O(request_margin); under an absolute limit (which the canary's gate held)
+        or none they are not judged.
+    type: dict
+  concurrency_changes:
+    description:
+      - What the release changes of the settings that decide how many requests its engine runs at
+        once (such as C(max_num_seqs 2 -> 8)); empty when it changes none.
+    type: list
+    elements: str
+    default: []
   results_dir:
     description: Where the analysis is written; a relative folder is the project's.
     type: path
@@ -256,6 +271,11 @@ trials_before:
   description: The A/A trials before the change whose pairs the judge used.
   returned: success
   type: int
+latency_judged:
+  description: How TTFT and TPOT were judged when the release changed its engine's concurrency; null
+    otherwise.
+  returned: success
+  type: str
 simulated:
   description: Whether a figure was measured on the lab's engine stand-in.
   returned: success

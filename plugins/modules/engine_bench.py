@@ -173,6 +173,16 @@ options:
       - Read by the action.
     type: str
     version_added: 0.2.0
+  latency:
+    description:
+      - The throughput gate's latency limits - C(ttft_p99_ms) and C(tpot_p99_ms), each
+        milliseconds (such as C(250)) or a factor of the incumbent's figure (such as C(1.5x)), the
+        incumbent being O(compare_with). RV(gate.passed) is true only when the score reaches
+        O(gate) and every limit holds; a factor without O(compare_with) figures is not applied,
+        and the message says so.
+      - Read by the action.
+    type: dict
+    version_added: 0.2.0
   compare_with:
     description:
       - The figures of the host's last good release; the result and the message then have RV(deltas).
@@ -486,8 +496,13 @@ gate:
       description: The score the gate asks for.
       type: float
     passed:
-      description: Whether the score reached it.
+      description: Whether the score reached it and every O(latency) limit held.
       type: bool
+    latency:
+      description: Each O(latency) limit applied - C(figure), C(value), C(limit_ms), C(passed);
+        absent when none was.
+      type: list
+      elements: dict
 deltas:
   description:
     - Against O(compare_with) - for C(score), C(output_tps), C(input_tps), C(ttft_p99_ms),

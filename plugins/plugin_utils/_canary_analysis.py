@@ -41,6 +41,7 @@ import math
 
 from ansible_collections.biv100.serving.plugins.plugin_utils._canary_judge import Metric, judge
 from ansible_collections.biv100.serving.plugins.plugin_utils._engine_instances import recorded_instance
+from ansible_collections.biv100.serving.plugins.plugin_utils._objective import describe, parse_limit
 
 SAME_WINDOW = "same window"
 HISTORICAL = "historical"
@@ -49,6 +50,10 @@ HISTORICAL = "historical"
 RUN_FIGURES = ("score", "output_tps")
 LATENCY_FIGURES = {"ttft_ms": "ttft_ms", "tpot_ms": "tpot_ms", "e2e_ms": "e2e_ms"}
 TRIAL_FIGURES = (*RUN_FIGURES, *LATENCY_FIGURES)
+# The objective's limit that stands for a trial's latency figure when the release changes its
+# engine's concurrency, and the settings that change it.
+LIMITED_FIGURE = {"ttft_ms": "ttft_p99_ms", "tpot_ms": "tpot_p99_ms"}
+CONCURRENCY_SETTINGS = ("max_num_seqs", "max_num_batched_tokens", "enable_chunked_prefill")
 # Kayenta's groups and their weights, out of 100: what the engine makes, how long its answers
 # take, and whether they are right (the quality set and the probes).
 WEIGHTS = {"throughput": 50, "latency": 30, "correctness": 20}
@@ -61,18 +66,64 @@ SETTINGS = {"trials": 3, "trials_before": 3, "max_trials": 6, "margin": 0.05, "r
             "thresholds": {"pass": 95, "marginal": 75}, "accept": []}
 
 
-def metrics(margin: float, request_margin: float, quality_margin: float) -> list[Metric]:
+def metrics(margin: float, request_margin: float, quality_margin: float, latency: dict | None = None,
+            concurrency_changes=()) -> list[Metric]:
     """The metrics judged: a trial's throughput is held to `margin`; its latencies, the medians of
-    a few dozen requests, vary more and are held to the wider `request_margin`."""
+    a few dozen requests, vary more and are held to the wider `request_margin`.
+
+    A release that changes how many requests the engine runs at once (concurrency_changes) trades
+    each request's speed for the engine's throughput by design: its TTFT and TPOT are then held
+    to the objective's limit (`latency`, the throughput gate's) instead of "must not increase" -
+    a factor of the baseline's as that factor, an absolute one by the canary's gate alone (which
+    held it), none at all when the objective has no limit. E2E, at the bench's fixed load, is the
+    throughput's other face and stays judged."""
+    latency_metrics = [Metric(name, "lower", request_margin, "latency") for name in LATENCY_FIGURES]
+    if concurrency_changes:
+        latency_metrics = [metric for metric in (_limited(metric, latency) for metric in latency_metrics) if metric]
     return [
         Metric("score", "higher", margin, "throughput", critical=True),
         Metric("output_tps", "higher", margin, "throughput"),
-        Metric("ttft_ms", "lower", request_margin, "latency"),
-        Metric("tpot_ms", "lower", request_margin, "latency"),
-        Metric("e2e_ms", "lower", request_margin, "latency"),
+        *latency_metrics,
         Metric("quality", "higher", quality_margin, "correctness", critical=True, exact=True),
         Metric("probes", "higher", 0.0, "correctness", critical=True, exact=True),
     ]
+
+
+def _limited(metric: Metric, latency: dict | None) -> Metric | None:
+    """A latency metric held to the objective's limit on its p99 figure, or None when the canary
+    does not judge it (an absolute limit, or none)."""
+    figure = LIMITED_FIGURE.get(metric.name)
+    if figure is None:
+        return metric
+    parsed = parse_limit((latency or {}).get(figure)) if figure in (latency or {}) else None
+    if parsed is None or parsed[0] != "factor":
+        return None
+    return Metric(metric.name, "lower", max(parsed[1] - 1.0, 0.0), metric.group)
+
+
+def latency_judgement(latency: dict | None, concurrency_changes) -> str | None:
+    """How the canary judged its latencies, said when they were not held to "must not increase"."""
+    if not concurrency_changes:
+        return None
+    return (f"the release changes {'; '.join(concurrency_changes)}: TTFT and TPOT judged against "
+            f"{describe(latency).split(', ', 1)[1]}")
+
+
+def concurrency_changes(instances, recorded_engine: dict | None) -> list[str]:
+    """`vllm: max_num_seqs 2 -> 8` for each setting of CONCURRENCY_SETTINGS the new settings of an
+    engine instance change against what its host's current release recorded; none without a
+    record (the vendor's files)."""
+    if not recorded_engine:
+        return []
+    changes = []
+    for instance in instances or ():
+        before = recorded_instance(recorded_engine, instance["name"]).get("args") or {}
+        after = (instance.get("record") or {}).get("args") or {}
+        for name in CONCURRENCY_SETTINGS:
+            if name in before and before.get(name) != after.get(name):
+                label = f"{instance['name']}: " if len(instances) > 1 else ""
+                changes.append(f"{label}{name} {before.get(name)} -> {after.get(name)}")
+    return changes
 
 
 def trial_figures(bench: dict) -> dict:
@@ -147,17 +198,20 @@ def historical_side(gates: dict | None, instances) -> dict:
 
 
 def analyse(pairs: dict, *, before: dict | None = None, margin: float, request_margin: float, quality_margin: float,
-            pass_score: float, marginal_score: float, confidence: float, accept=()) -> dict:
+            pass_score: float, marginal_score: float, confidence: float, accept=(), latency: dict | None = None,
+            concurrency_changes=()) -> dict:
     """The judge's analysis of the canary's pairs with its baseline (paired and correctness_pairs),
     with the A/A trials' pairs `before`, and whether the rollout may go on: on a pass, or on a
-    verdict `accept` names (never a fail)."""
+    verdict `accept` names (never a fail). `latency` and `concurrency_changes` as for metrics()."""
     problem = accept_problem(accept)
     if problem:
         raise ValueError(problem)
-    analysis = judge(metrics(margin, request_margin, quality_margin), pairs, before=before, weights=WEIGHTS,
-                     pass_score=pass_score, marginal_score=marginal_score, confidence=confidence)
+    analysis = judge(metrics(margin, request_margin, quality_margin, latency, concurrency_changes), pairs,
+                     before=before, weights=WEIGHTS, pass_score=pass_score, marginal_score=marginal_score,
+                     confidence=confidence)
     analysis["promote"] = analysis["verdict"] == "pass" or analysis["verdict"] in accept
     analysis["accepted"] = analysis["verdict"] != "pass" and analysis["promote"]
+    analysis["latency_judged"] = latency_judgement(latency, concurrency_changes)
     return analysis
 
 
@@ -174,7 +228,8 @@ def _number(value) -> bool:
 
 # What a release record, the ledger and the report keep of an analysis, and of each metric in it
 # (the samples' sizes and quartiles, not the samples: those are in build/canary).
-RECORD_KEYS = ("verdict", "score", "accepted", "trials", "trials_before", "baseline", "reasons", "thresholds", "simulated", "metrics")
+RECORD_KEYS = ("verdict", "score", "accepted", "trials", "trials_before", "latency_judged", "baseline", "reasons",
+               "thresholds", "simulated", "metrics")
 METRIC_KEYS = ("name", "group", "better", "margin_pct", "critical", "classification", "conclusive", "shift_pct",
                "interval_pct", "confidence", "p_value", "trials", "trials_before", "canary", "baseline")
 
@@ -257,11 +312,14 @@ def accept_problem(accept) -> str | None:
 
 
 def canary_plan(order, hosts: dict, *, enabled: bool = True, measured: bool = True, first_batch: int = 1,
-                baseline: str | None = None, settings: dict | None = None) -> dict:
-    """The plan with its settings, and `error` when a setting or the named baseline is wrong."""
+                baseline: str | None = None, settings: dict | None = None, latency: dict | None = None) -> dict:
+    """The plan with its settings, the objective judged (`latency`: the throughput gate's limits)
+    and the canary's concurrency changes, and `error` when a setting or the named baseline is
+    wrong."""
     resolved, problems = canary_settings(settings)
     plan = dict(decide(order, hosts, enabled=enabled, measured=measured, first_batch=first_batch,
-                       baseline=baseline), settings=resolved, before=False)
+                       baseline=baseline), settings=resolved, before=False, objective=describe(latency),
+                concurrency_changes=list((hosts.get(order[0]) or {}).get("concurrency_changes") or ()) if order else [])
     if plan["analyse"] and plan["kind"] == SAME_WINDOW and not problems:
         plan["before"], why = trials_before(hosts[plan["canary"]], resolved["trials_before"])
         plan["why"] += f"; {why}"
@@ -380,6 +438,7 @@ def candidate(current_release: dict | None, *, takes_part: bool, gpus: dict | No
     return {
         "takes_part": bool(takes_part),
         "release": {"id": current.get("id"), "status": record.get("status")},
+        "concurrency_changes": concurrency_changes(instances, record.get("engine")),
         "gpus": gpus.get("count"),
         "serving": [engine.get("name") for engine in gpus.get("engines") or ()],
         "instances": [instance["name"] for instance in instances],

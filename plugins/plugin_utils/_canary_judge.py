@@ -65,7 +65,7 @@ class Metric:
 
     name: str
     better: str  # "higher" or "lower"
-    margin: float  # the harm allowed, as a fraction of the baseline's (0.05 = 5 %)
+    margin: float  # the harm allowed, as a fraction of the baseline's (0.05 = 5 %; 1.0 = twice as long)
     group: str
     critical: bool = False
     # A figure that does not vary between measurements of one engine (a quality score on a fixed
@@ -75,8 +75,11 @@ class Metric:
     def __post_init__(self):
         if self.better not in ("higher", "lower"):
             raise ValueError(f"metric {self.name}: better must be higher or lower, not {self.better!r}")
-        if not 0 <= self.margin < 1:
-            raise ValueError(f"metric {self.name}: margin must be a fraction in [0, 1), not {self.margin!r}")
+        # A figure that should not drop can drop by less than all of it; one that should not rise
+        # may be allowed to double (a latency limit of 2x the baseline's is a margin of 1).
+        if not (0 <= self.margin < 1 if self.better == "higher" else 0 <= self.margin < math.inf):
+            raise ValueError(f"metric {self.name}: margin must be a fraction"
+                             f"{' in [0, 1)' if self.better == 'higher' else ' of at least 0'}, not {self.margin!r}")
 
 
 def require_scipy() -> None:

@@ -177,12 +177,13 @@ KV cache holds) running and T the request's time alone,
 and predicted_score the weighted score (0.83 x output tokens/s + 0.17 x input tokens/s) of a
 setting (engine_args as the engine role takes them, the engine's environment, the model's
 config: the lab's Qwen3.5 by default) for requests of p prompt and o output tokens, with as
-many clients as max_num_seqs (as the bench runs), or what fails instead: the start, prompts
+many clients as max_num_seqs unless told how many (the lab's bench offers 8: clients beyond
+max_num_seqs wait, which changes no throughput), or what fails instead: the start, prompts
 beyond max_model_len, or long prompts side by side on an allocator that fragments.
 
 At the lab's rates (inventory/lab/group_vars/biv100.yml: 60000 and 6000) and Sub168 the lab's
 default bench load (files/bench/default.yml: prompts of about 1024 tokens answered with 128 to
-256 tokens, two in flight) is predicted at 10,135 (256 tokens) to 11,062 (128 tokens), 10,505 at
+256 tokens, 8 in flight of which Sub168 runs two) is predicted at 10,135 (256 tokens) to 11,062 (128 tokens), 10,505 at
 192: 27 to 38 % above the throughput gate's 8,000. Measured over loopback, each request also
 pays for its HTTP round trip and the client's work (a few ms beside 50 to 80 ms of simulated
 time), which costs about 4 %: the gate sees about 10,000, some 25 % above it. A probe notices

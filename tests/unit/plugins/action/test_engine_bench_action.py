@@ -239,6 +239,29 @@ def test_a_missed_gate_is_data_not_a_failure(tmp_path, workload, playbook_dir, s
     assert result["simulated"] is False
 
 
+def test_the_latency_limits_hold_the_gate_as_the_score_does(tmp_path, workload, playbook_dir, shown):
+    earlier = json.loads(json.dumps(figures(5800, 20000)))
+    earlier["ttft_ms"]["p99"], earlier["tpot_ms"]["p99"] = 250.0, 10.0
+    limits = {"ttft_p99_ms": 300, "tpot_p99_ms": "1.5x"}
+    # TTFT p99 200 ms within 300; TPOT p99 20 ms above 1.5 x sub168's 10 ms.
+    result = run_action(args_for(workload, latency=limits, compare_with={"release": "sub168", "figures": earlier}),
+                        Host(final=figures(5900, 20100)), playbook_dir)
+    assert not result.get("failed") and result["gate"]["passed"] is False and result["score"] >= 8000
+    assert [(check["figure"], check["limit_ms"], check["passed"]) for check in result["gate"]["latency"]] == [
+        ("ttft_p99_ms", 300.0, True), ("tpot_p99_ms", 15.0, False)]
+    assert result["msg"].startswith("latency over its limit: TPOT p99 20.0 ms > 15.0 ms (1.5x sub168's 10.0 ms); "
+                                    "score 8314 >= 8000")
+    # Without a last good release a factor has nothing to scale: only the absolute limit holds.
+    alone = run_action(args_for(workload, latency=limits), Host(final=figures(5900, 20100)), playbook_dir)
+    assert alone["gate"]["passed"] is True
+    assert "TPOT p99 limit 1.5x not applied: 1.5x the incumbent's, which recorded none" in alone["msg"]
+
+
+def test_a_latency_limit_that_is_not_one_is_refused_before_measuring(tmp_path, workload, playbook_dir):
+    refused(args_for(workload, latency={"tpot_p99_ms": "quick"}), tmp_path, playbook_dir,
+            "serving_gates.throughput.latency.tpot_p99_ms must be milliseconds")
+
+
 def test_the_deltas_against_the_last_good_release(tmp_path, workload, playbook_dir, shown):
     earlier = json.loads(json.dumps(figures(5800, 20000)))
     earlier["ttft_ms"]["p99"], earlier["tpot_ms"]["p99"] = 250.0, 19.5

@@ -76,4 +76,4 @@ def test_a_failed_measurement_fails_its_gate_with_its_message():
 
 
 def test_the_filters_are_exported_under_their_names():
-    assert set(FilterModule().filters()) == {"gate_verdicts", "gate_failures"}
+    assert set(FilterModule().filters()) == {"gate_verdicts", "gate_failures", "gate_problems"}

@@ -33,7 +33,8 @@ STANDIN = "/usr/local/corex/python3/bin/python3 -m engine_standin"
 
 def host(release="sub510", status="good", gpus=4, instances=("vllm",), takes_part=True, gates=None, serving=None,
          engines=(STANDIN,)):
-    return {"takes_part": takes_part, "release": {"id": release, "status": status}, "gpus": gpus,
+    return {"takes_part": takes_part, "release": {"id": release, "status": status}, "concurrency_changes": [],
+            "gpus": gpus,
             "instances": list(instances), "gates": gates, "serving": list(instances if serving is None else serving),
             "engines": list(engines)}
 
@@ -52,8 +53,42 @@ def test_a_candidate_is_what_the_plan_reads_of_a_host_from_its_own_plan_gpus_and
     assert made == host(gates={"instances": {}})
     # On the vendor's files, with no GPU facts read (the engine phase skipped) and no instance.
     assert candidate(None, takes_part=False, gpus=None, instances=None) == {
-        "takes_part": False, "release": {"id": None, "status": None}, "gpus": None, "serving": [],
-        "instances": [], "engines": [], "gates": None}
+        "takes_part": False, "release": {"id": None, "status": None}, "concurrency_changes": [], "gpus": None,
+        "serving": [], "instances": [], "engines": [], "gates": None}
+
+
+def test_a_candidate_names_the_concurrency_settings_its_new_release_changes():
+    recorded = {"instances": {"vllm": {"args": {"max_num_seqs": 2, "max_num_batched_tokens": 4096, "dtype": "half"}}}}
+    current = {"id": "sub510", "record": {"status": "good", "engine": recorded}}
+    instances = [{"name": "vllm", "command": STANDIN.split(),
+                  "record": {"args": {"max_num_seqs": 8, "max_num_batched_tokens": 4096, "dtype": "float16"}}}]
+    assert candidate(current, takes_part=True, gpus=None, instances=instances)["concurrency_changes"] == [
+        "max_num_seqs 2 -> 8"]
+    plan = canary_plan(["h1", "h2"], fleet(h1={**host(), "concurrency_changes": ["max_num_seqs 2 -> 8"]}),
+                       latency={"tpot_p99_ms": "2x"})
+    assert plan["concurrency_changes"] == ["max_num_seqs 2 -> 8"]
+    assert plan["objective"] == "the weighted score at the bench's offered load, TPOT p99 <= 2x the incumbent's"
+
+
+def test_a_release_that_changes_concurrency_has_its_latencies_held_to_the_objectives_limit():
+    # TPOT 1.8 times the baseline's, TTFT 3 times: "must not increase" would fail both.
+    pairs = {**pairs_of(1.3), "tpot_ms": [(1.8, 1.0)] * 3, "ttft_ms": [(3.0, 1.0)] * 3}
+    held = analyse(pairs, latency={"tpot_p99_ms": "2x", "ttft_p99_ms": 500}, concurrency_changes=["max_num_seqs 2 -> 8"],
+                   **MARGINS)
+    assert (held["verdict"], held["promote"]) == ("pass", True)
+    # TTFT's absolute limit is the gate's to hold; TPOT is held to twice the baseline's.
+    judged = {metric["name"]: metric["margin_pct"] for metric in held["metrics"]}
+    assert "ttft_ms" not in judged and judged["tpot_ms"] == 100.0
+    assert held["latency_judged"] == ("the release changes max_num_seqs 2 -> 8: TTFT and TPOT judged against "
+                                      "TTFT p99 <= 500 ms, TPOT p99 <= 2x the incumbent's")
+    over = analyse({**pairs, "tpot_ms": [(2.4, 1.0), (2.5, 1.0), (2.45, 1.0)]}, latency={"tpot_p99_ms": "2x"},
+                   concurrency_changes=["max_num_seqs 2 -> 8"], **MARGINS)
+    assert not over["promote"] and over["reasons"][0].startswith("tpot_ms +14")
+    # Without a limit, the objective is the score: the canary does not judge TTFT and TPOT then.
+    free = analyse(pairs, concurrency_changes=["max_num_seqs 2 -> 8"], **MARGINS)
+    assert free["promote"] and {"ttft_ms", "tpot_ms"}.isdisjoint(metric["name"] for metric in free["metrics"])
+    # The same release with no concurrency change must not slow its requests.
+    assert not analyse(pairs, latency={"tpot_p99_ms": "2x"}, **MARGINS)["promote"]
 
 
 def test_the_plan_filter_refuses_a_host_without_a_candidate():
