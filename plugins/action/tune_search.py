@@ -39,6 +39,7 @@ from ansible_collections.biv100.serving.plugins.plugin_utils._canary_analysis im
     paired,
 )
 from ansible_collections.biv100.serving.plugins.plugin_utils._controller_action import ControllerAction
+from ansible_collections.biv100.serving.plugins.plugin_utils._objective import describe
 from ansible_collections.biv100.serving.plugins.plugin_utils._project_folder import inventory_argument, project_root
 from ansible_collections.biv100.serving.plugins.plugin_utils._tune_results import (
     FAILED_TO_START,
@@ -116,6 +117,7 @@ ARGUMENT_SPEC = {
     # propose
     "trials": {"type": "int"},
     "quality_margin": {"type": "float"},
+    "latency": {"type": "dict"},
 }
 # What each step needs besides step (and run_dir, which every step but plan needs).
 REQUIRED = {
@@ -350,13 +352,15 @@ class ActionModule(ControllerAction):
                      json.dumps({"judged": judged, "proposed": best["id"] if winners else None,
                                  "written": utc_timestamp()}, indent=1, sort_keys=True) + "\n")
         measured = [record for record in latest.values() if record.get("status") in (MEASURED, MISSED_GATE)]
+        objective = describe(args["latency"])
         if winners:
-            line = (f"{state['host']}: tune proposes {best['id']} ({'; '.join(changed_settings(incumbent, best)) or 'no change'}), "
+            line = (f"{state['host']}: on {objective}, tune proposes {best['id']} "
+                    f"({'; '.join(changed_settings(incumbent, best)) or 'no change'}), "
                     f"median score {winners[0]['median_score']:.0f} against the incumbent's "
                     f"{_figure(incumbent_shown['figures'].get('score'))}: {winners[0]['why']}. "
                     f"Deploy it: ansible-playbook deploy.yml -i {self._inventory} -e @{run_dir / PROPOSAL_FILE}")
         else:
-            line = (f"{state['host']}: the incumbent {incumbent['id']} stays: no candidate beat it "
+            line = (f"{state['host']}: on {objective}, the incumbent {incumbent['id']} stays: no candidate beat it "
                     f"({verdicts}); {run_dir / PROPOSAL_FILE} holds the current settings")
         if any((record.get("figures") or {}).get("simulated") for record in latest.values()):
             line += " [simulated]"
@@ -364,7 +368,7 @@ class ActionModule(ControllerAction):
         return {"proposed": bool(winners), "best": best["id"], "proposal_file": str(run_dir / PROPOSAL_FILE),
                 "changes": changed_settings(incumbent, best) if winners else [], "judged": judged, "msg": line,
                 "tune": {"run": state["run"], "space": state["space"]["name"], "measured": len(measured),
-                         "candidates": len(latest), "proposed": best["id"] if winners else None,
+                         "candidates": len(latest), "proposed": best["id"] if winners else None, "objective": objective,
                          "incumbent": incumbent["id"], "msg": line}}
 
     @staticmethod

@@ -129,6 +129,11 @@ options:
       - For O(step=propose), the drop of the quality score the judge allows.
       - Default the quality gate's bound the incumbent was held to.
     type: float
+  latency:
+    description:
+      - For O(step=propose), the objective's latency limits (the throughput gate's, which held
+        every candidate), stated in the proposal's line.
+    type: dict
 extends_documentation_fragment:
   - biv100.serving.controller_action
   - ansible.builtin.action_common_attributes
