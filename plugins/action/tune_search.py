@@ -40,6 +40,7 @@ from ansible_collections.biv100.serving.plugins.plugin_utils._canary_analysis im
 )
 from ansible_collections.biv100.serving.plugins.plugin_utils._controller_action import ControllerAction
 from ansible_collections.biv100.serving.plugins.plugin_utils._objective import describe
+from ansible_collections.biv100.serving.plugins.plugin_utils._probe_suite import SuiteError, load_suites, most_choices
 from ansible_collections.biv100.serving.plugins.plugin_utils._project_folder import inventory_argument, project_root
 from ansible_collections.biv100.serving.plugins.plugin_utils._tune_results import (
     FAILED_TO_START,
@@ -100,6 +101,7 @@ ARGUMENT_SPEC = {
     "incumbent": {"type": "dict"},
     "facts": {"type": "dict", "default": {}},
     "results_dir": {"type": "path"},
+    "probe_suites": {"type": "list", "elements": "str", "default": []},
     # round
     "round": {"type": "int"},
     # record
@@ -117,6 +119,7 @@ ARGUMENT_SPEC = {
     # propose
     "trials": {"type": "int"},
     "quality_margin": {"type": "float"},
+    "min_gain": {"type": "float", "default": 0.02},
     "latency": {"type": "dict"},
 }
 # What each step needs besides step (and run_dir, which every step but plan needs).
@@ -178,7 +181,13 @@ class ActionModule(ControllerAction):
             if (run_dir / RUN_FILE).exists():
                 raise AnsibleActionFail(f"{run_dir} holds a tuning run already: resume it with -e tune_resume={args['run']}")
             space = load_space(args["space"], self._loader.path_dwim)
-            state = {**about, "run": args["run"], "space": space, "facts": args["facts"],
+            facts = dict(args["facts"])
+            if args["probe_suites"]:
+                try:
+                    facts["probe_choices"] = most_choices(load_suites(args["probe_suites"]))
+                except SuiteError as error:
+                    raise AnsibleActionFail(f"tune_probe_suites: {error}") from None
+            state = {**about, "run": args["run"], "space": space, "facts": facts,
                      "incumbent_settings": {section: incumbent[section] for section in SECTIONS},
                      "started": utc_timestamp()}
             write_atomic(str(run_dir / RUN_FILE), json.dumps(state, indent=1, sort_keys=True) + "\n")
@@ -334,7 +343,7 @@ class ActionModule(ControllerAction):
                                    pass_score=CANARY_SETTINGS["thresholds"]["pass"],
                                    marginal_score=CANARY_SETTINGS["thresholds"]["marginal"],
                                    confidence=CONFIDENCE)
-                entry.update(_beats(analysis), analysis=canary_record(analysis))
+                entry.update(_beats(analysis, args["min_gain"]), analysis=canary_record(analysis))
             judged.append(entry)
         winners = sorted((entry for entry in judged if entry["beats"]), key=lambda entry: (-entry["median_score"], entry["id"]))
         best = latest[winners[0]["id"]] if winners else (incumbent_record or {**incumbent, "settings": incumbent})
@@ -393,19 +402,20 @@ class ActionModule(ControllerAction):
         return pairs
 
 
-def _beats(analysis: dict) -> dict:
-    """Whether the candidate beats the incumbent: the judge passes it (nothing worse beyond its
-    margin) and the whole confidence interval of its score's shift lies above 0."""
+def _beats(analysis: dict, min_gain: float) -> dict:
+    """Whether the candidate beats the incumbent by a gain worth deploying: the judge passes it
+    (nothing worse beyond its margin) and the whole confidence interval of its score's shift lies
+    at least min_gain above the incumbent's."""
     score = next((metric for metric in analysis["metrics"] if metric["name"] == "score"), {})
     low, high = (score.get("interval_pct") or [None, None])
     if analysis["verdict"] != "pass":
         why = f"not better: judged {analysis['verdict']} ({'; '.join(analysis['reasons']) or 'score ' + str(analysis['score'])})"
         return {"beats": False, "why": why}
-    if not _is_number(low) or low <= 0:
-        shift = score.get("shift_pct")
-        return {"beats": False, "why": (f"not better: score shift {_pct(shift)} [{_pct(low)}, {_pct(high)}] "
-                                        "does not lie above 0")}
-    return {"beats": True, "why": f"score shift {_pct(score.get('shift_pct'))} [{_pct(low)}, {_pct(high)}], judged pass"}
+    shown = f"score shift {_pct(score.get('shift_pct'))} [{_pct(low)}, {_pct(high)}]"
+    if not _is_number(low) or low < 100 * min_gain:
+        return {"beats": False, "why": f"not better by a gain worth deploying: {shown} does not lie above "
+                                       f"+{100 * min_gain:g} % (tune_min_gain)"}
+    return {"beats": True, "why": f"{shown}, judged pass"}
 
 
 def _correctness(quality: dict | None, probes: dict | None) -> dict:
@@ -433,7 +443,8 @@ def _quality_margin(given: float | None, incumbent: dict) -> float:
 
 def _screening(state: dict) -> dict:
     facts = state.get("facts") or {}
-    return {key: facts.get(key) for key in ("known_flags", "torch_version", "gpus_free", "max_position_embeddings")} | {
+    return {key: facts.get(key) for key in ("known_flags", "torch_version", "gpus_free", "max_position_embeddings",
+                                            "probe_choices")} | {
         "allow_long_max_model_len": bool(facts.get("allow_long_max_model_len"))}
 
 

@@ -77,6 +77,14 @@ options:
   results_dir:
     description: The folder of the runs; a relative one is the project's.
     type: path
+  probe_suites:
+    description:
+      - For O(step=plan) of a new run, the probe suites the candidates will be probed with (files or
+        folders); a candidate whose C(max_num_seqs) is below the most choices (C(n)) a probe asks
+        for is listed invalid and never started, since that probe fails it by construction.
+    type: list
+    elements: str
+    default: []
   round:
     description:
       - The round of O(step=round), from 1.
@@ -129,6 +137,12 @@ options:
       - For O(step=propose), the drop of the quality score the judge allows.
       - Default the quality gate's bound the incumbent was held to.
     type: float
+  min_gain:
+    description:
+      - For O(step=propose), the least gain worth deploying, a fraction of the incumbent's score - a
+        finalist is proposed only when the lower end of its score's interval clears it.
+    type: float
+    default: 0.02
   latency:
     description:
       - For O(step=propose), the objective's latency limits (the throughput gate's, which held

@@ -239,6 +239,15 @@ def load_suites(paths: list[str]) -> list[Probe]:
     return probes
 
 
+def most_choices(probes: list[Probe]) -> int:
+    """The most choices (`n`) a probe's request asks for as a number: an engine whose max_num_seqs
+    is below it answers that probe with a 400 and fails the functional gate by construction. (A
+    probe that asks for more on purpose writes its `n` as a placeholder, such as
+    ${n_above_max_num_seqs}, and expects that 400.)"""
+    counts = [probe.request.get("body", {}).get("n") for probe in probes if isinstance(probe.request.get("body"), dict)]
+    return max([count for count in counts if isinstance(count, int) and not isinstance(count, bool)] + [1])
+
+
 def _probe(entry, where: str, source: str) -> Probe:
     if not isinstance(entry, dict):
         raise SuiteError(f"{where} is not a mapping")

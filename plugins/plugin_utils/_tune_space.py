@@ -340,16 +340,23 @@ def largest_candidate(space: dict, incumbent: dict, gpu_memory_utilization: floa
 
 def candidate_problems(candidate: dict, known_flags: list[str] | None = None, torch_version: str | None = None,
                        gpus_free: int | None = None, max_position_embeddings: int | None = None,
-                       allow_long_max_model_len: bool = False) -> list[str]:
+                       allow_long_max_model_len: bool = False, probe_choices: int | None = None) -> list[str]:
     """Why the deploy would refuse the candidate, one sentence each ([] when it may run): its
     engine arguments against the host's own CLI (known_flags, vllm_facts' cli.arguments), free
-    GPUs and model, its allocator options against the host's torch version. Left out, a fact is
-    not judged (the names are then checked against vLLM 0.10.1.1's CLI)."""
+    GPUs and model, its allocator options against the host's torch version; and a max_num_seqs
+    below the most choices a probe asks for (probe_choices), which fails the functional gate by
+    construction. Left out, a fact is not judged (the names are then checked against vLLM
+    0.10.1.1's CLI)."""
+    seqs = candidate["engine_args"].get("max_num_seqs")
+    fewer = ([f"max_num_seqs {seqs} is below the {probe_choices} choices (n) a probe asks for: the engine refuses "
+              "that request and the functional gate fails whatever else the setting does"]
+             if isinstance(probe_choices, int) and isinstance(seqs, int) and seqs < probe_choices else [])
     return [
         *engine_args_problems(candidate["engine_args"], gpus_free=gpus_free,
                               max_position_embeddings=max_position_embeddings,
                               allow_long_max_model_len=allow_long_max_model_len, known_flags=known_flags),
         *allocator_conf_problems(candidate["engine_allocator"], torch_version=torch_version),
+        *fewer,
     ]
 
 

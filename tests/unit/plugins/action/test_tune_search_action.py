@@ -189,6 +189,45 @@ def test_a_candidate_no_better_than_the_incumbent_is_not_proposed_and_the_propos
     folder, _other, proposed = finals(tmp_path, [10000.0, 10050.0, 9980.0], [10020.0, 9990.0, 10010.0])
 
     assert not proposed["proposed"] and proposed["changes"] == []
-    assert "stays: no candidate beat it" in proposed["msg"] and "does not lie above 0" in proposed["msg"]
+    assert "stays: no candidate beat it" in proposed["msg"] and "does not lie above +2 % (tune_min_gain)" in proposed["msg"]
     written = yaml.safe_load((Path(folder) / "proposal.yml").read_text())
     assert written["engine_args"] == INCUMBENT["engine_args"]
+
+
+def test_a_gain_within_the_least_worth_deploying_is_not_proposed(tmp_path):
+    # Some 1.5 % better, measured cleanly: real, but below the default tune_min_gain of 2 %.
+    incumbent_scores, other_scores = [10000.0, 10010.0, 9990.0], [10150.0, 10160.0, 10140.0]
+    _folder, _other, small = finals(tmp_path, incumbent_scores, other_scores)
+    assert not small["proposed"] and "does not lie above +2 % (tune_min_gain)" in small["msg"]
+    (tmp_path / "lower").mkdir()
+    folder = plan(tmp_path / "lower")["run_dir"]
+    incumbent, other = run_step("round", tmp_path / "lower", run_dir=folder, round=1)["pending"]
+    for candidate, scores in ((incumbent, incumbent_scores), (other, other_scores)):
+        record(tmp_path / "lower", folder, candidate, bench=bench(scores[0]), quality=QUALITY, probes=PROBES)
+        write_trials(folder, candidate["id"], [bench(score) for score in scores])
+    run_step("final", tmp_path / "lower", run_dir=folder)
+    worth = run_step("propose", tmp_path / "lower", run_dir=folder, trials=3, min_gain=0.01)
+    assert worth["proposed"] and worth["best"] == other["id"]
+    assert worth["msg"].startswith("h1: on the weighted score at the bench's offered load, no latency limit, tune "
+                                   "proposes")
+
+
+def test_a_candidate_with_fewer_sequences_than_a_probe_asks_for_is_never_started(tmp_path):
+    suite = tmp_path / "probes.yml"
+    suite.write_text(
+        "- {name: n-two, checks: protocol, guards: n=2, request: {path: /v1/chat/completions, body: {n: 2}},"
+        " expect: [status == `200`]}\n"
+        "- {name: n-above, checks: protocol, guards: n above, request: {path: /v1/chat/completions,"
+        " body: {n: '${n_above_max_num_seqs}'}}, expect: [status == `400`]}\n")
+    space = tmp_path / "space.yml"
+    space.write_text("name: seqs\nengine_args:\n  max_num_seqs: [1, 2, 4]\nbudget: {max_candidates: 10, max_minutes: 30}\n")
+    folder = run_step("plan", tmp_path, run="r1", space=str(space), host="h1", instance="vllm", release="sub510",
+                      incumbent=INCUMBENT, facts={"known_flags": KNOWN_FLAGS}, results_dir=str(tmp_path / "tune"),
+                      probe_suites=[str(suite)])["run_dir"]
+
+    first = run_step("round", tmp_path, run_dir=folder, round=1)
+
+    assert [candidate["engine_args"]["max_num_seqs"] for candidate in first["pending"]] == [2, 4]
+    (invalid,) = [json.loads(line) for line in (Path(folder) / "candidates.jsonl").read_text().splitlines()]
+    assert invalid["problems"] == ["max_num_seqs 1 is below the 2 choices (n) a probe asks for: the engine refuses "
+                                   "that request and the functional gate fails whatever else the setting does"]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import textwrap
+from pathlib import Path
 
 import jmespath
 import pytest
@@ -265,3 +266,9 @@ def test_expectations_see_the_request_as_filled_in(tmp_path):
     verdict = judged(tmp_path, ["request.body.model == ${served_model_name}",
                                 "request.path == '/v1/chat/completions'"], content(""))
     assert verdict.passed
+
+
+def test_the_shipped_suite_asks_for_two_choices_at_most_besides_the_probe_that_must_be_refused():
+    probes = _probe_suite.load_suites([str(Path(__file__).resolve().parents[4] / "files" / "probes")])
+    assert _probe_suite.most_choices(probes) == 2
+    assert _probe_suite.most_choices([]) == 1
