@@ -70,6 +70,7 @@ from ansible_collections.biv100.serving.plugins.plugin_utils._tune_space import 
     SECTIONS,
     TuneSpaceError,
     candidates,
+    edge_notes,
     incumbent_candidate,
     load_space,
     screen_candidates,
@@ -241,11 +242,16 @@ class ActionModule(ControllerAction):
         this = rounds[number - 1]
         by_id = {candidate["id"]: candidate for candidate in valid}
         waiting = [by_id[key] for key in pending(this, records)]
+        cost = _cost(rounds, args["finalists"], args["trials"], (state.get("facts") or {}).get("bench_seconds"),
+                     space["budget"])
+        if number == 1 and args["trials"]:
+            # Said once, when the role plans the rounds (it names the final trials).
+            display.display(f"{state['host']}: the search will cost {cost['line']}")
         memory_note = ("no memory step-down" if not steps else
                        f"gpu_memory_utilization {chosen}" if chosen is not None else
                        "no gpu_memory_utilization of the step-down started the largest candidate: searched as listed")
         return {"rounds": len(rounds), "round": number, "factor": this["factor"], "pending": waiting,
-                "valid": len(valid), "invalid": len(invalid), "size": len(this["ids"] or ()),
+                "valid": len(valid), "invalid": len(invalid), "size": len(this["ids"] or ()), "cost": cost,
                 "msg": (f"round {number} of {len(rounds)}: {len(this['ids'] or ())} candidate(s) on "
                         f"{this['factor']:g} of the workload, {len(waiting)} still to measure "
                         f"({len(valid)} valid, {len(invalid)} invalid; {memory_note})")}
@@ -346,6 +352,7 @@ class ActionModule(ControllerAction):
                 entry.update(_beats(analysis, args["min_gain"]), analysis=canary_record(analysis))
             judged.append(entry)
         winners = sorted((entry for entry in judged if entry["beats"]), key=lambda entry: (-entry["median_score"], entry["id"]))
+        winners, between = self._between_finalists(winners, trials, latest, incumbent, incumbent_record, args)
         best = latest[winners[0]["id"]] if winners else (incumbent_record or {**incumbent, "settings": incumbent})
         best_record = {**best, "figures": {**(best.get("figures") or {}),
                                            **({"score": winners[0]["median_score"]} if winners else {})}}
@@ -362,11 +369,13 @@ class ActionModule(ControllerAction):
                                  "written": utc_timestamp()}, indent=1, sort_keys=True) + "\n")
         measured = [record for record in latest.values() if record.get("status") in (MEASURED, MISSED_GATE)]
         objective = describe(args["latency"])
+        edges = edge_notes(state["space"], _candidate_of(best), state["incumbent_settings"]) if winners else []
         if winners:
             line = (f"{state['host']}: on {objective}, tune proposes {best['id']} "
                     f"({'; '.join(changed_settings(incumbent, best)) or 'no change'}), "
                     f"median score {winners[0]['median_score']:.0f} against the incumbent's "
-                    f"{_figure(incumbent_shown['figures'].get('score'))}: {winners[0]['why']}. "
+                    f"{_figure(incumbent_shown['figures'].get('score'))}: {winners[0]['why']}"
+                    + "".join(f"; {note}" for note in ([between] if between else []) + edges) + ". "
                     f"Deploy it: ansible-playbook deploy.yml -i {self._inventory} -e @{run_dir / PROPOSAL_FILE}")
         else:
             line = (f"{state['host']}: on {objective}, the incumbent {incumbent['id']} stays: no candidate beat it "
@@ -376,9 +385,35 @@ class ActionModule(ControllerAction):
         display.display(line)
         return {"proposed": bool(winners), "best": best["id"], "proposal_file": str(run_dir / PROPOSAL_FILE),
                 "changes": changed_settings(incumbent, best) if winners else [], "judged": judged, "msg": line,
+                "between_finalists": between, "edges": edges,
                 "tune": {"run": state["run"], "space": state["space"]["name"], "measured": len(measured),
                          "candidates": len(latest), "proposed": best["id"] if winners else None, "objective": objective,
                          "incumbent": incumbent["id"], "msg": line}}
+
+    def _between_finalists(self, winners, trials, latest, incumbent, incumbent_record, args) -> tuple[list, str | None]:
+        """The two best winners judged against each other: the better one first, or, when the judge
+        cannot tell them apart, the one that changes fewer settings (the other's extra changes buy
+        nothing measurable). The order, and a line saying how it was decided (None for one winner)."""
+        if len(winners) < 2:
+            return winners, None
+        first, second = winners[:2]
+        analysis = analyse(self._pairs(trials[first["id"]], latest[first["id"]], trials[second["id"]],
+                                       latest[second["id"]]),
+                           margin=CANARY_SETTINGS["margin"], request_margin=CANARY_SETTINGS["request_margin"],
+                           quality_margin=_quality_margin(args["quality_margin"], incumbent_record),
+                           pass_score=CANARY_SETTINGS["thresholds"]["pass"],
+                           marginal_score=CANARY_SETTINGS["thresholds"]["marginal"], confidence=CONFIDENCE)
+        score = next(metric for metric in analysis["metrics"] if metric["name"] == "score")
+        low, high = score.get("interval_pct") or (None, None)
+        shown = f"score shift {_pct(score.get('shift_pct'))} [{_pct(low)}, {_pct(high)}]"
+        if _is_number(low) and low > 0:
+            return winners, f"{first['id']} beats {second['id']}: {shown}"
+        changes = {entry["id"]: len(changed_settings(incumbent, latest[entry["id"]])) for entry in (first, second)}
+        kept = min((first, second), key=lambda entry: (changes[entry["id"]], -entry["median_score"], entry["id"]))
+        other = second if kept is first else first
+        return ([kept, other] + winners[2:],
+                f"{first['id']} and {second['id']} tie ({shown}): {kept['id']} is kept, with "
+                f"{'fewer changes' if changes[kept['id']] < changes[other['id']] else 'the higher median'}")
 
     @staticmethod
     def _pairs(benches, record: dict, incumbent_benches, incumbent_record: dict) -> dict:
@@ -439,6 +474,22 @@ def _quality_margin(given: float | None, incumbent: dict) -> float:
         return given
     bound = ((incumbent or {}).get("figures") or {}).get("quality_bound")
     return bound if _is_number(bound) else 0.0
+
+
+def _cost(rounds: list[dict], finalists: int, trials: int | None, bench_seconds, budget: dict) -> dict:
+    """What the search costs before it starts: its full-workload benches (the rounds', then each
+    finalist's and the incumbent's trials) and engine starts, and in host-hours when the bench's
+    length is known (the incumbent release's recorded bench), against the budget."""
+    benches = sum(round_["size"] * round_["factor"] for round_ in rounds) + (finalists + 1) * (trials or 0)
+    starts = sum(round_["size"] for round_ in rounds) + finalists + 1
+    cost = {"benches": round(benches, 2), "starts": starts, "hours": None, "over_budget": None}
+    line = f"{benches:g} full benches and {starts} engine starts"
+    if _is_number(bench_seconds) and bench_seconds > 0:
+        cost["hours"] = round(benches * bench_seconds / 3600.0, 3)
+        cost["over_budget"] = benches * bench_seconds > 60 * budget["max_minutes"]
+        line += (f", some {benches * bench_seconds / 60:.0f} min of benching ({cost['hours']:g} host-hours) besides "
+                 f"the starts" + (f": over budget.max_minutes ({budget['max_minutes']})" if cost["over_budget"] else ""))
+    return dict(cost, line=line)
 
 
 def _screening(state: dict) -> dict:

@@ -122,12 +122,15 @@ options:
     description: The end of the engine's log, for a failed start.
     type: str
   finalists:
-    description: How many of the best candidates O(step=final) names.
+    description:
+      - How many of the best candidates O(step=final) names.
+      - With O(step=round) and O(trials), for the cost of the whole search, said before it starts.
     type: int
     default: 2
   trials:
     description:
-      - For O(step=propose), how many times each finalist and the incumbent were benched again.
+      - For O(step=propose), how many times each finalist and the incumbent were benched again
+        (with O(step=round), how many times they will be, for the search's cost).
         Their figures are read from the results files of C(<run_dir>/trials/<id>-<n>/), n from 1
         to O(trials); a finalist whose final trials failed (its latest record is of no round) has
         none.

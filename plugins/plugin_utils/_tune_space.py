@@ -371,3 +371,37 @@ def screen_candidates(listed: list[dict], **facts) -> tuple[list[dict], list[dic
         else:
             valid.append(candidate)
     return valid, invalid
+
+
+def edge_notes(space: dict, candidate: dict, incumbent: dict) -> list[str]:
+    """`max_num_seqs 8 is the largest value the space tries: try 16, 32 next`, for each engine
+    argument the candidate sets to the largest or smallest number the space lists (other than the
+    incumbent's own value): the best may lie beyond. gpu_memory_utilization is the memory step's."""
+    notes = []
+    for key, listed in space.get("engine_args", {}).items():
+        numbers = sorted({value for value in listed if _is_number(value)})
+        value = candidate["engine_args"].get(key)
+        if key == MEMORY_KEY or len(numbers) < 2 or value == incumbent["engine_args"].get(key):
+            continue
+        if value == numbers[-1]:
+            notes.append(f"{key} {value} is the largest value the space tries: try {', '.join(map(str, _beyond(numbers)))} next")
+        elif value == numbers[0] and _beyond(numbers[::-1]):
+            notes.append(f"{key} {value} is the smallest value the space tries: try {', '.join(map(str, _beyond(numbers[::-1])))} next")
+    return notes
+
+
+def _beyond(numbers: list) -> list:
+    """The next two values past the end of `numbers` (ordered towards that end): by their common
+    ratio when they grow or shrink geometrically (1, 2, 4, 8: 16, 32), else by their last step;
+    only values above 0."""
+    last, before = numbers[-1], numbers[-2]
+    ratios = {Decimal(str(b)) / Decimal(str(a)) for a, b in zip(numbers, numbers[1:]) if a}
+    if len(ratios) == 1 and 0 not in numbers:
+        ratio = ratios.pop()
+        found = [Decimal(str(last)) * ratio, Decimal(str(last)) * ratio * ratio]
+    else:
+        step = Decimal(str(last)) - Decimal(str(before))
+        found = [Decimal(str(last)) + step, Decimal(str(last)) + 2 * step]
+    kind = int if all(isinstance(number, int) for number in numbers) else float
+    values = [kind(value) for value in found if value > 0 and (kind is float or value == value.to_integral_value())]
+    return values

@@ -231,3 +231,54 @@ def test_a_candidate_with_fewer_sequences_than_a_probe_asks_for_is_never_started
     (invalid,) = [json.loads(line) for line in (Path(folder) / "candidates.jsonl").read_text().splitlines()]
     assert invalid["problems"] == ["max_num_seqs 1 is below the 2 choices (n) a probe asks for: the engine refuses "
                                    "that request and the functional gate fails whatever else the setting does"]
+
+
+def test_finalists_the_judge_cannot_tell_apart_keep_the_one_with_fewer_changes_and_an_edge_is_said(tmp_path):
+    space = tmp_path / "space.yml"
+    space.write_text("name: two\nengine_args:\n  max_num_seqs: [2, 4, 8]\n  max_num_batched_tokens: [4096, 8192]\n"
+                     "budget: {max_candidates: 10, max_minutes: 30}\n")
+    folder = run_step("plan", tmp_path, run="r1", space=str(space), host="h1", instance="vllm", release="sub510",
+                      incumbent=INCUMBENT, facts={"known_flags": KNOWN_FLAGS},
+                      results_dir=str(tmp_path / "tune"))["run_dir"]
+    pending = run_step("round", tmp_path, run_dir=folder, round=1)["pending"]
+    by_settings = {(c["engine_args"]["max_num_seqs"], c["engine_args"]["max_num_batched_tokens"]): c for c in pending}
+    for settings, candidate in by_settings.items():
+        score = {2: 10000.0, 4: 13000.0, 8: 15000.0}[settings[0]] + (10.0 if settings[1] == 8192 else 0.0)
+        record(tmp_path, folder, candidate, bench=bench(score), quality=QUALITY, probes=PROBES)
+    final = run_step("final", tmp_path, run_dir=folder)
+    fewer, more, incumbent = by_settings[8, 4096], by_settings[8, 8192], by_settings[2, 4096]
+    assert {candidate["id"] for candidate in final["finalists"]} == {fewer["id"], more["id"]}
+    write_trials(folder, incumbent["id"], [bench(score) for score in (10000.0, 10020.0, 9980.0)])
+    # The extra change looks 0.1 % better, well within the noise of its trials.
+    write_trials(folder, fewer["id"], [bench(score) for score in (15000.0, 15150.0, 14850.0)])
+    write_trials(folder, more["id"], [bench(score) for score in (15150.0, 14870.0, 15040.0)])
+
+    proposed = run_step("propose", tmp_path, run_dir=folder, trials=3)
+
+    assert proposed["proposed"] and proposed["best"] == fewer["id"]
+    assert proposed["between_finalists"].startswith(f"{more['id']} and {fewer['id']} tie (score shift +0.1 %")
+    assert proposed["between_finalists"].endswith(f"{fewer['id']} is kept, with fewer changes")
+    # 4096 batched tokens is the incumbent's own: no edge of the search there.
+    assert proposed["edges"] == ["max_num_seqs 8 is the largest value the space tries: try 16, 32 next"]
+    assert "try 16, 32 next" in proposed["msg"]
+
+
+def test_the_search_says_its_cost_before_it_starts(tmp_path, capsys):
+    folder = run_step("plan", tmp_path, run="r1", space=str(_space(tmp_path)), host="h1", instance="vllm",
+                      release="sub510", incumbent=INCUMBENT, results_dir=str(tmp_path / "tune"),
+                      facts={"known_flags": KNOWN_FLAGS, "bench_seconds": 90.0})["run_dir"]
+
+    planned = run_step("round", tmp_path, run_dir=folder, round=1, finalists=2, trials=3)
+
+    # Two valid candidates on the full workload, then 2 finalists and the incumbent 3 times each.
+    assert planned["cost"] == {"benches": 11, "starts": 5, "hours": 0.275, "over_budget": True,
+                               "line": planned["cost"]["line"]}
+    assert planned["cost"]["line"] == ("11 full benches and 5 engine starts, some 16 min of benching (0.275 "
+                                       "host-hours) besides the starts: over budget.max_minutes (10)")
+    assert "h1: the search will cost 11 full benches" in capsys.readouterr().out
+
+
+def _space(tmp_path):
+    space = tmp_path / "space.yml"
+    space.write_text(SPACE.replace("max_minutes: 30", "max_minutes: 10"))
+    return space
