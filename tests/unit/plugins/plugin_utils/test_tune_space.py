@@ -259,3 +259,18 @@ def test_screening_keeps_the_order_and_names_each_invalid_candidates_problems(tm
         candidate["id"] for candidate in listed if "expandable_segments" in candidate["engine_allocator"]]
     assert all(candidate["problems"][0].startswith("PYTORCH_CUDA_ALLOC_CONF: expandable_segments needs torch 2.1")
                for candidate in invalid)
+
+
+def test_a_winner_on_the_edge_of_the_space_is_said_with_the_values_beyond_it():
+    from ansible_collections.biv100.serving.plugins.plugin_utils._tune_space import edge_notes
+
+    space = {"engine_args": {"max_num_seqs": [1, 2, 4, 8], "max_num_batched_tokens": [2048, 3072, 4096],
+                             "gpu_memory_utilization": [0.9, 0.95], "dtype": ["half"]}}
+    incumbent = {"engine_args": {"max_num_seqs": 2, "max_num_batched_tokens": 4096, "gpu_memory_utilization": 0.9}}
+    largest = {"engine_args": {"max_num_seqs": 8, "max_num_batched_tokens": 2048, "gpu_memory_utilization": 0.95}}
+    assert edge_notes(space, largest, incumbent) == [
+        "max_num_seqs 8 is the largest value the space tries: try 16, 32 next",
+        "max_num_batched_tokens 2048 is the smallest value the space tries: try 1024 next"]
+    # The smallest of a doubling that starts at 1 has nothing beyond; an inside value, nothing to say.
+    assert edge_notes(space, {"engine_args": {"max_num_seqs": 1}}, incumbent) == []
+    assert edge_notes(space, {"engine_args": {"max_num_seqs": 4, "max_num_batched_tokens": 3072}}, incumbent) == []
