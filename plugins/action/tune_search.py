@@ -31,17 +31,11 @@ from ansible.utils.display import Display
 
 from ansible_collections.biv100.serving.plugins.module_utils._state_store import utc_timestamp
 from ansible_collections.biv100.serving.plugins.plugin_utils._atomic_file import write_atomic
-from ansible_collections.biv100.serving.plugins.plugin_utils._canary_analysis import (
-    SETTINGS as CANARY_SETTINGS,
-    analyse,
-    canary_record,
-    correctness_pairs,
-    paired,
-)
 from ansible_collections.biv100.serving.plugins.plugin_utils._controller_action import ControllerAction
 from ansible_collections.biv100.serving.plugins.plugin_utils._objective import describe
 from ansible_collections.biv100.serving.plugins.plugin_utils._probe_suite import SuiteError, load_suites, most_choices
 from ansible_collections.biv100.serving.plugins.plugin_utils._project_folder import inventory_argument, project_root
+from ansible_collections.biv100.serving.plugins.plugin_utils._tune_judge import judge_finalists, median_score
 from ansible_collections.biv100.serving.plugins.plugin_utils._tune_results import (
     FAILED_TO_START,
     INVALID,
@@ -84,8 +78,6 @@ CANDIDATES_FILE = "candidates.jsonl"
 MEMORY_FILE = "memory.jsonl"
 FINAL_FILE = "final.json"
 PROPOSAL_FILE = "proposal.yml"
-# The confidence of the judge's intervals, as the canary analysis' (Kayenta's 98 %).
-CONFIDENCE = 0.98
 # How much of a failed start's log a record keeps.
 LOG_TAIL_CHARS = 2000
 
@@ -333,32 +325,19 @@ class ActionModule(ControllerAction):
         incumbent = incumbent_candidate(state["incumbent_settings"])
         trials = read_trials(run_dir, args["trials"], latest)
         incumbent_record = latest.get(incumbent["id"]) or {}
-        judged = []
-        for key, benches in trials.items():
-            if key == incumbent["id"] or key not in latest:
-                continue
-            entry = {"id": key, "median_score": _median(benches), "trials": len(benches)}
-            if incumbent_record.get("status") != MEASURED:
-                # The incumbent missed a gate or did not start here: a candidate that cleared every
-                # gate beats it by the gates themselves.
-                entry.update(beats=bool(benches), why=f"the incumbent {_standing(incumbent_record)}")
-            else:
-                analysis = analyse(self._pairs(benches, latest[key], trials.get(incumbent["id"]), incumbent_record),
-                                   margin=CANARY_SETTINGS["margin"], request_margin=CANARY_SETTINGS["request_margin"],
-                                   quality_margin=_quality_margin(args["quality_margin"], incumbent_record),
-                                   pass_score=CANARY_SETTINGS["thresholds"]["pass"],
-                                   marginal_score=CANARY_SETTINGS["thresholds"]["marginal"],
-                                   confidence=CONFIDENCE)
-                entry.update(_beats(analysis, args["min_gain"]), analysis=canary_record(analysis))
-            judged.append(entry)
-        winners = sorted((entry for entry in judged if entry["beats"]), key=lambda entry: (-entry["median_score"], entry["id"]))
-        winners, between = self._between_finalists(winners, trials, latest, incumbent, incumbent_record, args)
+        found = judge_finalists(
+            trials, {key: record.get("figures") or {} for key, record in latest.items()}, incumbent["id"],
+            {key: len(changed_settings(incumbent, record)) for key, record in latest.items()},
+            incumbent_measured=incumbent_record.get("status") == MEASURED,
+            incumbent_standing=_standing(incumbent_record), min_gain=args["min_gain"],
+            quality_margin=_quality_margin(args["quality_margin"], incumbent_record))
+        judged, winners, between = found["judged"], found["winners"], found["between"]
         best = latest[winners[0]["id"]] if winners else (incumbent_record or {**incumbent, "settings": incumbent})
         best_record = {**best, "figures": {**(best.get("figures") or {}),
                                            **({"score": winners[0]["median_score"]} if winners else {})}}
         incumbent_shown = {**(incumbent_record or {}), "id": incumbent["id"], "settings": state["incumbent_settings"],
                            "figures": {**(incumbent_record.get("figures") or {}),
-                                       **({"score": _median(trials[incumbent['id']])}
+                                       **({"score": median_score(trials[incumbent['id']])}
                                           if trials.get(incumbent["id"]) else {})}}
         verdicts = "; ".join(f"{entry['id']} {entry['why']}" for entry in judged) or "no finalist"
         about = {"run": state["run"], "host": state["host"], "instance": state["instance"],
@@ -389,69 +368,6 @@ class ActionModule(ControllerAction):
                 "tune": {"run": state["run"], "space": state["space"]["name"], "measured": len(measured),
                          "candidates": len(latest), "proposed": best["id"] if winners else None, "objective": objective,
                          "incumbent": incumbent["id"], "msg": line}}
-
-    def _between_finalists(self, winners, trials, latest, incumbent, incumbent_record, args) -> tuple[list, str | None]:
-        """The two best winners judged against each other: the better one first, or, when the judge
-        cannot tell them apart, the one that changes fewer settings (the other's extra changes buy
-        nothing measurable). The order, and a line saying how it was decided (None for one winner)."""
-        if len(winners) < 2:
-            return winners, None
-        first, second = winners[:2]
-        analysis = analyse(self._pairs(trials[first["id"]], latest[first["id"]], trials[second["id"]],
-                                       latest[second["id"]]),
-                           margin=CANARY_SETTINGS["margin"], request_margin=CANARY_SETTINGS["request_margin"],
-                           quality_margin=_quality_margin(args["quality_margin"], incumbent_record),
-                           pass_score=CANARY_SETTINGS["thresholds"]["pass"],
-                           marginal_score=CANARY_SETTINGS["thresholds"]["marginal"], confidence=CONFIDENCE)
-        score = next(metric for metric in analysis["metrics"] if metric["name"] == "score")
-        low, high = score.get("interval_pct") or (None, None)
-        shown = f"score shift {_pct(score.get('shift_pct'))} [{_pct(low)}, {_pct(high)}]"
-        if _is_number(low) and low > 0:
-            return winners, f"{first['id']} beats {second['id']}: {shown}"
-        changes = {entry["id"]: len(changed_settings(incumbent, latest[entry["id"]])) for entry in (first, second)}
-        kept = min((first, second), key=lambda entry: (changes[entry["id"]], -entry["median_score"], entry["id"]))
-        other = second if kept is first else first
-        return ([kept, other] + winners[2:],
-                f"{first['id']} and {second['id']} tie ({shown}): {kept['id']} is kept, with "
-                f"{'fewer changes' if changes[kept['id']] < changes[other['id']] else 'the higher median'}")
-
-    @staticmethod
-    def _pairs(benches, record: dict, incumbent_benches, incumbent_record: dict) -> dict:
-        """The judge's pairs of a finalist against the incumbent: trial n of each (measured one after
-        the other on the host, so a pair shares no window: their log ratios are independent, and
-        their spread is both sides' noise), and each one's quality score and probes. Not the
-        requests' latencies: a setting that runs more sequences side by side trades each request's
-        speed for the engine's throughput by design, and the gate scores the throughput (the report
-        draws the latency beside it)."""
-        def runs(trials):
-            return [{key: value for key, value in bench.items() if key not in ("samples", "label")}
-                    for bench in trials or ()]
-
-        def correctness(figures):
-            return {"qualities": [figures["quality"]] if _is_number(figures.get("quality")) else [],
-                    "probe_shares": [figures["probes_passed"]] if _is_number(figures.get("probes_passed")) else []}
-
-        pairs = paired(runs(benches), runs(incumbent_benches))
-        pairs.update(correctness_pairs(correctness((record or {}).get("figures") or {}),
-                                       correctness((incumbent_record or {}).get("figures") or {})))
-        return pairs
-
-
-def _beats(analysis: dict, min_gain: float) -> dict:
-    """Whether the candidate beats the incumbent by a gain worth deploying: the judge passes it
-    (nothing worse beyond its margin) and the whole confidence interval of its score's shift lies
-    at least min_gain above the incumbent's."""
-    score = next((metric for metric in analysis["metrics"] if metric["name"] == "score"), {})
-    low, high = (score.get("interval_pct") or [None, None])
-    if analysis["verdict"] != "pass":
-        why = f"not better: judged {analysis['verdict']} ({'; '.join(analysis['reasons']) or 'score ' + str(analysis['score'])})"
-        return {"beats": False, "why": why}
-    shown = f"score shift {_pct(score.get('shift_pct'))} [{_pct(low)}, {_pct(high)}]"
-    if not _is_number(low) or low < 100 * min_gain:
-        return {"beats": False, "why": f"not better by a gain worth deploying: {shown} does not lie above "
-                                       f"+{100 * min_gain:g} % (tune_min_gain)"}
-    return {"beats": True, "why": f"{shown}, judged pass"}
-
 
 def _correctness(quality: dict | None, probes: dict | None) -> dict:
     """The quality score and the share of probes that passed, which the final judge holds the
@@ -523,21 +439,12 @@ def _standing(record: dict) -> str:
     return {MISSED_GATE: "missed a gate", FAILED_TO_START: "failed to start"}.get(status, "was not measured")
 
 
-def _median(benches) -> float | None:
-    scores = [bench["score"] for bench in benches or () if _is_number(bench.get("score"))]
-    return statistics.median(scores) if scores else None
-
-
 def _is_number(value) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
 def _ms(value) -> str:
     return f"{value:.0f} ms" if _is_number(value) else "-"
-
-
-def _pct(value) -> str:
-    return f"{value:+.1f} %" if _is_number(value) else "-"
 
 
 def _figure(value) -> str:
