@@ -1,6 +1,7 @@
-"""The table of how often the canary analysis is wrong (docs/benchmarks.md, "How often the canary
-is wrong"): tests/shared/verdict_errors.py's simulation at the analysis' default settings, or at
-settings given on the command line to compare them.
+"""The table of how often the canary analysis and the tuner are wrong (docs/benchmarks.md, "How
+often the canary and the tuner are wrong"): tests/shared/verdict_errors.py's simulation at the analysis' default
+settings, or at settings given on the command line to compare them (the tuner's row keeps its
+own).
 
     python benchmarks/verdict_errors.py [--runs 1000] [--seed 0] [--set trials_before=2 ...]
 """
@@ -41,6 +42,9 @@ def main() -> None:
     for case, cells in found.items():
         print(f"| {case} | " + " | ".join(f"{100 * cells[noise]['stops']:.1f} % ({cells[noise]['trials']:.1f} trials)"
                                           for noise in noises) + " |")
+    print("| tuner proposes a setting more than 2 % below the best | "
+          + " | ".join(f"{100 * verdict_errors.tuner_error_rate(noise, args.runs, args.seed):.1f} %" for noise in noises)
+          + " |")
     print("(a release N % slower moves the score by "
           + ", ".join(f"{verdict_errors.score_shift(1 - slower):+.1f} %" for slower in verdict_errors.SLOWER)
           + f"; {time.monotonic() - started:.0f} s)")

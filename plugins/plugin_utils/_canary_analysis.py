@@ -59,9 +59,9 @@ CONCURRENCY_SETTINGS = ("max_num_seqs", "max_num_batched_tokens", "enable_chunke
 WEIGHTS = {"throughput": 50, "latency": 30, "correctness": 20}
 VERDICTS_ACCEPTABLE = ("marginal", "inconclusive")
 # The analysis' settings, by the name of their variable (serving_canary_<name>). Each is the one
-# tests/shared/verdict_errors.py measured (docs/benchmarks.md, "How often the canary is wrong"):
-# three A/A trials and three after the change, up to six while undecided; a trial's score held
-# within 5 %, its latencies within 10 %; Kayenta's documented thresholds.
+# tests/shared/verdict_errors.py measured (docs/benchmarks.md, "How often the canary and the
+# tuner are wrong"): three A/A trials and three after the change, up to six while undecided; a
+# trial's score held within 5 %, its latencies within 10 %; Kayenta's documented thresholds.
 SETTINGS = {"trials": 3, "trials_before": 3, "max_trials": 6, "margin": 0.05, "request_margin": 0.10,
             "thresholds": {"pass": 95, "marginal": 75}, "accept": []}
 

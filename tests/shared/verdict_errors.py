@@ -1,5 +1,5 @@
-"""How often the canary analysis is wrong: a seeded Monte-Carlo simulation of its verdicts over
-the engine stand-in's speed model, with no lab and no engine.
+"""How often the canary analysis and the tuner are wrong: a seeded Monte-Carlo simulation of their
+verdicts over the engine stand-in's speed model, with no lab and no engine.
 
 Each simulated canary analysis runs as the canary role runs one (roles/canary): the A/A trials
 (the canary and its baseline benched together on the release both run), then the trials after
@@ -29,6 +29,15 @@ that do not promote the canary):
 - `host 3 % slower stops`: an unchanged release on a canary host 3 % slower by nature, with the
   A/A trials and without them (the hosts' gap then counts as the release's).
 
+And for the tuner (tuner_error_rate): the lab's search (files/tune/default.yml: max_num_seqs 1 to
+8, max_num_batched_tokens 2048 to 8192, expandable_segments or not, at gpu_memory_utilization
+0.95) from Sub168, each candidate's true score the speed model's at the bench's 8 requests in
+flight; the candidates the tuner would never start left out (max_num_seqs below the probes' 2
+choices, or a setting the model does not start); one noisy bench each, the two best as finalists,
+three trials each and the incumbent's, and the tuner's own final judgement
+(_tune_judge.judge_finalists). Wrong is a proposal (or the incumbent kept) whose true score is
+more than 2 % below the best the space holds.
+
 Run `python benchmarks/verdict_errors.py` for the table docs/benchmarks.md shows; the unit test
 tests/unit/plugins/plugin_utils/test_verdict_errors.py holds the defaults to the goals.
 """
@@ -40,7 +49,10 @@ import math
 import random
 from dataclasses import dataclass
 
+import itertools
+
 from ansible_collections.biv100.serving.plugins.plugin_utils._canary_analysis import SETTINGS, analyse
+from ansible_collections.biv100.serving.plugins.plugin_utils._tune_judge import judge_finalists
 from engine_standin import speed_model
 
 # The lab's bench on Sub168 (inventory/lab, files/bench/default.yml): the mean request.
@@ -156,3 +168,66 @@ def table(settings: dict | None = None, runs: int = 1000, seed: int = 0) -> dict
 def score_shift(pace: float) -> float:
     """The score's change, in percent, of an engine at `pace`."""
     return 100.0 * (engine_figures(pace)["score"] / engine_figures(1.0)["score"] - 1.0)
+
+
+# ---- the tuner -------------------------------------------------------------------------------
+
+# The lab's search space (files/tune/default.yml) and what the deploy gives every engine.
+TUNE_SPACE = {"max_num_seqs": (1, 2, 4, 8), "max_num_batched_tokens": (2048, 4096, 8192),
+              "expandable_segments": (False, True)}
+ALLOCATOR = "garbage_collection_threshold:0.8,max_split_size_mb:512"
+BENCH_CONCURRENCY = 8
+PROBE_CHOICES = 2
+FINALISTS, TRIALS = 2, 3
+WITHIN = 0.02
+
+
+@functools.lru_cache(maxsize=None)
+def true_scores() -> dict:
+    """{(max_num_seqs, max_num_batched_tokens, expandable_segments): the speed model's score at the
+    bench's load} of every candidate the tuner would start."""
+    scores = {}
+    for seqs, batched, expandable in itertools.product(*TUNE_SPACE.values()):
+        if seqs < PROBE_CHOICES:
+            continue
+        allocator = ALLOCATOR + (",expandable_segments:True" if expandable else "")
+        predicted = speed_model.predicted_score(
+            dict(SUB168, max_num_seqs=seqs, max_num_batched_tokens=batched), PROMPT_TOKENS, OUTPUT_TOKENS,
+            {**LAB_RATES, "PYTORCH_CUDA_ALLOC_CONF": allocator}, concurrency=BENCH_CONCURRENCY)
+        if predicted.refused is None:
+            scores[seqs, batched, expandable] = predicted.score
+    return scores
+
+
+INCUMBENT = (SUB168["max_num_seqs"], SUB168["max_num_batched_tokens"], False)
+
+
+def tuning(draws: random.Random, noise: float) -> tuple:
+    """One simulated search: the setting it proposes (the incumbent when none beats it)."""
+    scores = true_scores()
+
+    def bench(setting):
+        score = scores[setting] * math.exp(draws.gauss(0.0, noise))
+        return {"score": score, "output_tps": score * 0.6}
+
+    measured = {setting: bench(setting)["score"] for setting in scores}
+    finalists = sorted((setting for setting in scores if setting != INCUMBENT), key=lambda setting: -measured[setting])
+    finalists = finalists[:FINALISTS]
+    trials = {_key(setting): [bench(setting) for _trial in range(TRIALS)] for setting in (INCUMBENT, *finalists)}
+    correct = {_key(setting): {"quality": 1.0, "probes_passed": 1.0} for setting in (INCUMBENT, *finalists)}
+    changes = {_key(setting): sum(1 for mine, theirs in zip(setting, INCUMBENT) if mine != theirs)
+               for setting in (INCUMBENT, *finalists)}
+    found = judge_finalists(trials, correct, _key(INCUMBENT), changes)
+    chosen = found["winners"][0]["id"] if found["winners"] else _key(INCUMBENT)
+    return next(setting for setting in scores if _key(setting) == chosen)
+
+
+def tuner_error_rate(noise: float, runs: int = 1000, seed: int = 0) -> float:
+    """The share of simulated searches whose proposal scores more than 2 % below the best."""
+    draws = random.Random(f"{seed}:tuner:{noise}")
+    best = max(true_scores().values())
+    return sum(1 for _run in range(runs) if true_scores()[tuning(draws, noise)] < (1 - WITHIN) * best) / runs
+
+
+def _key(setting: tuple) -> str:
+    return "-".join(str(part) for part in setting)

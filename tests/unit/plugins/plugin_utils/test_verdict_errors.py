@@ -55,3 +55,19 @@ def test_a_side_at_a_slower_pace_scores_lower_in_every_figure():
     assert slow["score"] < fast["score"] and slow["output_tps"] < fast["output_tps"]
     assert all(slow[name] > fast[name] for name in verdict_errors.LATENCIES)
     assert -10 < verdict_errors.score_shift(0.9) < -9
+
+
+def test_the_tuner_proposes_the_best_within_two_percent_as_the_docs_say():
+    rate = verdict_errors.tuner_error_rate(NOISE)
+    assert rate <= 0.05
+    row = re.search(r"^\| tuner proposes a setting more than 2 % below the best \|(.*)$", DOCS.read_text(encoding="utf-8"),
+                    re.MULTILINE)
+    assert row and [cell.strip() for cell in row.group(1).split("|")][verdict_errors.NOISES.index(NOISE)] == \
+        f"{100 * rate:.1f} %"
+
+
+def test_the_tuners_simulation_starts_only_what_the_tuner_would():
+    scores = verdict_errors.true_scores()
+    assert verdict_errors.INCUMBENT in scores and all(setting[0] >= verdict_errors.PROBE_CHOICES for setting in scores)
+    best = max(scores, key=scores.get)
+    assert best[0] == 8 and scores[best] > 1.3 * scores[4, 4096, False]
