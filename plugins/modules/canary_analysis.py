@@ -166,8 +166,8 @@ options:
     default: []
   latency:
     description:
-      - The objective's latency limits, the throughput gate's (C(ttft_p99_ms), C(tpot_p99_ms):
-        milliseconds, or a factor of the incumbent's such as C(1.5x)).
+      - The objective's latency limits, the throughput gate's - C(ttft_p99_ms) and C(tpot_p99_ms),
+        each milliseconds or a factor of the incumbent's such as C(1.5x).
       - With O(concurrency_changes), C(ttft_ms) and C(tpot_ms) are held to a factor limit as their
         margin instead of O(request_margin); under an absolute limit (which the canary's gate held)
         or none they are not judged.

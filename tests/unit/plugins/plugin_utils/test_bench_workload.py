@@ -53,10 +53,11 @@ def test_the_shipped_workloads_load_and_expand(name):
                for body in bodies)
 
 
-def test_the_default_workload_is_the_labs_short_one():
+def test_the_default_workload_is_the_labs_short_one_at_a_load_no_release_chooses():
     workload = load_workload(workload_path("default"))
-    assert (workload.warmup, workload.requests, workload.concurrency, workload.stream) == (2, 24, None, True)
-    bodies = expand(workload, "qwen3_5", concurrency=2)
+    assert (workload.warmup, workload.requests, workload.concurrency, workload.stream) == (2, 24, 8, True)
+    assert load_workload(workload_path("competition")).concurrency == 8
+    bodies = expand(workload, "qwen3_5", concurrency=workload.concurrency)
     assert all(128 <= body["max_tokens"] <= 256 for body in bodies)
     assert all(960 <= count_tokens(body["messages"][0]["content"]) <= 1088 for body in bodies)
 
