@@ -403,8 +403,9 @@ def _cost(rounds: list[dict], finalists: int, trials: int | None, bench_seconds,
     if _is_number(bench_seconds) and bench_seconds > 0:
         cost["hours"] = round(benches * bench_seconds / 3600.0, 3)
         cost["over_budget"] = benches * bench_seconds > 60 * budget["max_minutes"]
-        line += (f", some {benches * bench_seconds / 60:.0f} min of benching ({cost['hours']:g} host-hours) besides "
-                 f"the starts" + (f": over budget.max_minutes ({budget['max_minutes']})" if cost["over_budget"] else ""))
+        seconds = benches * bench_seconds
+        length = f"{seconds / 60:.0f} min" if seconds >= 120 else f"{seconds:.0f} s"
+        line += (f", some {length} of benching ({cost['hours']:g} host-hours) besides the starts" + (f": over budget.max_minutes ({budget['max_minutes']})" if cost["over_budget"] else ""))
     return dict(cost, line=line)
 
 
