@@ -21,7 +21,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import statistics
 import time
 from pathlib import Path
 
@@ -369,6 +368,7 @@ class ActionModule(ControllerAction):
                          "candidates": len(latest), "proposed": best["id"] if winners else None, "objective": objective,
                          "incumbent": incumbent["id"], "msg": line}}
 
+
 def _correctness(quality: dict | None, probes: dict | None) -> dict:
     """The quality score and the share of probes that passed, which the final judge holds the
     finalists to."""
@@ -405,7 +405,9 @@ def _cost(rounds: list[dict], finalists: int, trials: int | None, bench_seconds,
         cost["over_budget"] = benches * bench_seconds > 60 * budget["max_minutes"]
         seconds = benches * bench_seconds
         length = f"{seconds / 60:.0f} min" if seconds >= 120 else f"{seconds:.0f} s"
-        line += (f", some {length} of benching ({cost['hours']:g} host-hours) besides the starts" + (f": over budget.max_minutes ({budget['max_minutes']})" if cost["over_budget"] else ""))
+        line += f", some {length} of benching ({cost['hours']:g} host-hours) besides the starts"
+        if cost["over_budget"]:
+            line += f": over budget.max_minutes ({budget['max_minutes']})"
     return dict(cost, line=line)
 
 

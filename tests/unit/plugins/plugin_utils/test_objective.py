@@ -36,8 +36,8 @@ def test_wrong_limits_are_named_by_their_variable():
 
 def test_a_factor_scales_the_incumbents_figure_and_without_one_is_not_applied():
     limits = resolved_limits({"ttft_p99_ms": 300, "tpot_p99_ms": "1.5x"}, {"tpot_p99_ms": 0.4}, "sub600")
-    assert [(limit["figure"], limit["limit_ms"]) for limit in limits] == [("ttft_p99_ms", 300.0),
-                                                                         ("tpot_p99_ms", pytest.approx(0.6))]
+    assert [(limit["figure"], limit["limit_ms"]) for limit in limits] == [
+        ("ttft_p99_ms", 300.0), ("tpot_p99_ms", pytest.approx(0.6))]
     kept = held({"ttft_p99_ms": 250.0, "tpot_p99_ms": 0.5}, limits)
     assert kept["passed"] and not kept["breaches"] and [check["passed"] for check in kept["checks"]] == [True, True]
     over = held({"ttft_p99_ms": 250.0, "tpot_p99_ms": 0.8}, limits)
@@ -58,7 +58,7 @@ def test_the_objective_is_said_in_words():
 def test_the_gates_settings_are_checked_whole_and_gate_verdicts_refuses_what_they_name():
     assert gate_problems({"functional": {"min_probes": 50}, "throughput": {"score": 8000}}) == []
     problems = gate_problems({"speed": {}, "functional": {}, "throughput": {"latency": {"tpot_p99_ms": "lots"}}})
-    assert [problem.split(":")[0].split(" must")[0] for problem in problems] == [
+    assert [problem.split(":", maxsplit=1)[0].split(" must", maxsplit=1)[0] for problem in problems] == [
         "serving_gates names no such gate", "serving_gates.functional.min_probes is missing",
         "serving_gates.throughput.latency.tpot_p99_ms"]
     assert gate_problems("all")[0].startswith("serving_gates must be a map")
