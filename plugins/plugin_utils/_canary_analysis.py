@@ -38,6 +38,7 @@ canary whatever the rest says.
 from __future__ import annotations
 
 import math
+import statistics
 
 from ansible_collections.biv100.serving.plugins.plugin_utils._canary_judge import Metric, judge
 from ansible_collections.biv100.serving.plugins.plugin_utils._engine_instances import recorded_instance
@@ -131,10 +132,9 @@ def trial_figures(bench: dict) -> dict:
     figures = {name: float(bench[name]) for name in RUN_FIGURES if _number(bench.get(name))}
     per_request = bench.get("samples") or {}
     for name, key in LATENCY_FIGURES.items():
-        values = sorted(float(value) for value in per_request.get(key) or () if _number(value))
+        values = [float(value) for value in per_request.get(key) or () if _number(value)]
         if values:
-            middle = len(values) // 2
-            figures[name] = values[middle] if len(values) % 2 else (values[middle - 1] + values[middle]) / 2.0
+            figures[name] = statistics.median(values)
     return figures
 
 
