@@ -288,10 +288,10 @@ def progress_line(host: str, progress: dict | None, module_args: dict) -> str:
 
 def deltas(figures: dict, compare_with: dict) -> dict:
     """For each compared figure, before (the other release's), after, change and percent."""
-    before_figures = compare_with.get("figures") or {}
+    earlier, now = headline(compare_with.get("figures") or {}), headline(figures)
     found = {"release": compare_with.get("release")}
-    for name, path in bench_record.HEADLINE:
-        before, after = bench_record.figure(before_figures, path), bench_record.figure(figures, path)
+    for name, after in now.items():
+        before = earlier[name]
         if before is None or after is None:
             found[name] = None
             continue

@@ -42,7 +42,7 @@ import statistics
 
 from ansible_collections.biv100.serving.plugins.plugin_utils._canary_judge import Metric, judge
 from ansible_collections.biv100.serving.plugins.plugin_utils._engine_instances import recorded_instance
-from ansible_collections.biv100.serving.plugins.plugin_utils._objective import describe, parse_limit
+from ansible_collections.biv100.serving.plugins.plugin_utils._objective import describe, limits_text, parse_limit
 
 SAME_WINDOW = "same window"
 HISTORICAL = "historical"
@@ -107,7 +107,7 @@ def latency_judgement(latency: dict | None, concurrency_changes) -> str | None:
     if not concurrency_changes:
         return None
     return (f"the release changes {'; '.join(concurrency_changes)}: TTFT and TPOT judged against "
-            f"{describe(latency).split(', ', 1)[1]}")
+            f"{limits_text(latency)}")
 
 
 def concurrency_changes(instances, recorded_engine: dict | None) -> list[str]:

@@ -105,11 +105,16 @@ def describe(latency=None, concurrency=None) -> str:
     """`the weighted score at 8 requests in flight, TTFT p99 <= 1.5x the incumbent's`: the
     objective in words, for the lines that state what was judged."""
     load = f" at {concurrency} requests in flight" if concurrency else " at the bench's offered load"
+    return f"the weighted score{load}, {limits_text(latency)}"
+
+
+def limits_text(latency=None) -> str:
+    """`TTFT p99 <= 300 ms, TPOT p99 <= 1.5x the incumbent's`, or `no latency limit`."""
     limits = []
-    for name in LIMITED:
-        parsed = parse_limit((latency or {}).get(name)) if (latency or {}).get(name) is not None else None
+    for name, label in LIMITED.items():
+        given = (latency or {}).get(name)
+        parsed = parse_limit(given) if given is not None else None
         if parsed:
             kind, value = parsed
-            limits.append(f"{LIMITED[name]} <= {value:g} ms" if kind == "ms"
-                          else f"{LIMITED[name]} <= {value:g}x the incumbent's")
-    return f"the weighted score{load}, " + (", ".join(limits) if limits else "no latency limit")
+            limits.append(f"{label} <= {value:g} ms" if kind == "ms" else f"{label} <= {value:g}x the incumbent's")
+    return ", ".join(limits) if limits else "no latency limit"
