@@ -12,6 +12,7 @@ import json
 import os
 import re
 import textwrap
+import threading
 import time
 from http.server import BaseHTTPRequestHandler
 from pathlib import Path
@@ -67,8 +68,9 @@ class Host:
     `module_process`, every call runs the real module. The calls numbered in `fail_calls` (the
     first is 1) fail as over a lost connection."""
 
-    def __init__(self, final=None, steps=(), module_process=None, fail_calls=()):
+    def __init__(self, final=None, steps=(), module_process=None, fail_calls=(), after_status=None):
         self.final, self.steps, self.module_process, self.fail_calls = final, list(steps), module_process, fail_calls
+        self.after_status = after_status  # called with the number of status calls answered so far
         self.calls = []
         self.started = None
         self.job_files = []  # what the job's folder held before each status call
@@ -109,6 +111,8 @@ class Host:
                                   if folder.exists() else {})
         args = dict(module_args, _ansible_check_mode=action._task.check_mode)
         _failed, answer = self.module_process(MODULE_IMPORT, args)
+        if module_args["_job"] == "status" and self.after_status:
+            self.after_status(self.jobs().count("status"))
         return answer
 
     def jobs(self):
@@ -578,11 +582,15 @@ def test_the_concurrency_comes_from_the_task_then_the_workload_then_max_num_seqs
 
 class Engine(BaseHTTPRequestHandler):
     """Streams `max_tokens` content chunks `server.delay` apart, with the stand-in's header and
-    usage; records each body and its bearer token."""
+    usage; records each body and its bearer token. The request numbered `server.held` (the first
+    is 1) is not answered before `server.release` is set: a test that must see the bench running
+    holds it there, whatever the machine's speed."""
 
     def do_POST(self):
         body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
         self.server.received.append((body, self.headers.get("Authorization")))
+        if len(self.server.received) == self.server.held:
+            self.server.release.wait(60)
         self.send_response(200)
         self.send_header("Content-Type", "text/event-stream")
         self.send_header("x-biv100-simulated", "1")
@@ -605,12 +613,14 @@ class Engine(BaseHTTPRequestHandler):
 
 @pytest.fixture
 def engine(loopback_server):
-    """engine(delay) -> (url, received): 8 chunks `delay` apart make one request of the workload."""
+    """engine(delay, held=None) -> (url, server): 8 chunks `delay` apart make one request of the
+    workload; server.received has the requests, server.release frees the one held."""
 
-    def start(delay):
+    def start(delay, held=None):
         url, server = loopback_server(Engine)
-        server.received, server.delay = [], delay
-        return url, server.received
+        server.received, server.delay, server.held, server.release = [], delay, held, threading.Event()
+        return url, server
+
 
     return start
 
@@ -633,9 +643,12 @@ def worker_gone(pid, seconds=5.0):
 
 
 def test_the_real_module_end_to_end(tmp_path, workload, playbook_dir, shown, engine, env_file, module_process):
-    # A warm-up wave and three measured ones of about a second: the progress is rewritten every second.
-    url, received = engine(delay=0.12)
-    host = Host(module_process=module_process)
+    # A warm-up wave and three measured ones; the last request waits for the second status call,
+    # so that the run is followed while it measures however slowly the module's processes start.
+    url, server = engine(delay=0.02, held=7)
+    received = server.received
+    host = Host(module_process=module_process,
+                after_status=lambda answered: answered >= 2 and server.release.set())
     result = run_action(args_for(workload, url=url, poll_seconds=0.5, api_key_env_file=str(env_file)), host,
                         playbook_dir)
 
@@ -669,19 +682,22 @@ def test_the_real_module_end_to_end(tmp_path, workload, playbook_dir, shown, eng
 
 def test_a_follow_that_fails_stops_the_worker_and_removes_its_job(tmp_path, workload, playbook_dir, shown, engine,
                                                                   module_process):
-    url, received = engine(delay=0.2)
+    # The warm-up request is never answered: the bench is still on it when the connection fails.
+    url, server = engine(delay=0.02, held=1)
     # The start, one status call, then the connection is lost.
     host = Host(module_process=module_process, fail_calls=(3,))
     with pytest.raises(AnsibleConnectionFailure, match="connection lost"):
         run_action(args_for(workload, url=url, poll_seconds=0.2), host, playbook_dir)
     assert host.jobs() == ["start", "status", "status", "stop"]
     assert worker_gone(host.started["pid"]) and not os.path.exists(host.started["job_dir"])
-    assert len(received) < 7 and not (playbook_dir / "build").exists()
+    server.release.set()
+    assert len(server.received) == 1 and not (playbook_dir / "build").exists()
 
 
 def test_a_detached_job_of_the_real_module_runs_between_tasks_and_attach_takes_it(
         tmp_path, workload, playbook_dir, shown, engine, module_process):
-    url, received = engine(delay=0.05)
+    url, server = engine(delay=0.05)
+    received = server.received
     starting = Host(module_process=module_process)
     detached = run_action(args_for(workload, url=url, detach=True), starting, playbook_dir)
     job = detached["job"]
