@@ -49,6 +49,7 @@ from ansible_collections.biv100.serving.plugins.plugin_utils._tune_results impor
     read_candidates,
     read_records,
     read_trials,
+    trials_done,
     write_proposal,
 )
 from ansible_collections.biv100.serving.plugins.plugin_utils._tune_search import (
@@ -56,6 +57,7 @@ from ansible_collections.biv100.serving.plugins.plugin_utils._tune_search import
     memory_steps,
     next_round,
     pending,
+    final_schedule,
     ranked,
     search_rounds,
 )
@@ -108,8 +110,8 @@ ARGUMENT_SPEC = {
     "log_tail": {"type": "str"},
     # final
     "finalists": {"type": "int", "default": 2},
-    # propose
     "trials": {"type": "int"},
+    # propose
     "quality_margin": {"type": "float"},
     "min_gain": {"type": "float", "default": 0.02},
     "latency": {"type": "dict"},
@@ -119,7 +121,7 @@ REQUIRED = {
     "plan": ("run", "host", "instance", "release", "incumbent"),
     "round": ("round",),
     "record": ("candidate", "status"),
-    "final": (),
+    "final": ("trials",),
     "propose": ("trials",),
 }
 
@@ -306,14 +308,17 @@ class ActionModule(ControllerAction):
         challengers = [record for record in eligible if record["id"] != incumbent["id"]][:max(args["finalists"], 0)]
         incumbent_record = latest.get(incumbent["id"]) or {}
         finalists = [_candidate_of(record) for record in challengers]
+        measure = ([incumbent] if challengers and incumbent_record.get("status") == MEASURED else []) + finalists
+        schedule = final_schedule(measure, args["trials"], state["run"], trials_done(run_dir, args["trials"]))
+        resumed = len(measure) * args["trials"] - len(schedule)
         line = (f"{state['host']}: finalists {', '.join(record['id'] for record in challengers)} against the "
-                f"incumbent {incumbent['id']}" if challengers else
+                f"incumbent {incumbent['id']}, {args['trials']} trials each, interleaved"
+                + (f"; {resumed} trial(s) written before are kept" if resumed else "") if challengers else
                 f"{state['host']}: no candidate but the incumbent cleared every gate")
         display.display(line)
         return {"finalists": finalists, "incumbent": incumbent,
                 "incumbent_eligible": incumbent_record.get("status") == MEASURED,
-                "measure": ([incumbent] if challengers and incumbent_record.get("status") == MEASURED else [])
-                + finalists, "msg": line}
+                "measure": measure, "schedule": schedule, "msg": line}
 
     # --- propose ----------------------------------------------------------------------------
 
@@ -397,9 +402,11 @@ def _cost(rounds: list[dict], finalists: int, trials: int | None, bench_seconds,
     finalist's and the incumbent's trials) and engine starts, and in host-hours when the bench's
     length is known (the incumbent release's recorded bench), against the budget."""
     benches = sum(round_["size"] * round_["factor"] for round_ in rounds) + (finalists + 1) * (trials or 0)
-    starts = sum(round_["size"] for round_ in rounds) + finalists + 1
+    # The final trials are interleaved: an engine start before each, unless the one before it ran
+    # the same settings.
+    starts = sum(round_["size"] for round_ in rounds) + (finalists + 1) * (trials or 1)
     cost = {"benches": round(benches, 2), "starts": starts, "hours": None, "over_budget": None}
-    line = f"{benches:g} full benches and {starts} engine starts"
+    line = f"{benches:g} full benches and at most {starts} engine starts"
     if _is_number(bench_seconds) and bench_seconds > 0:
         cost["hours"] = round(benches * bench_seconds / 3600.0, 3)
         cost["over_budget"] = benches * bench_seconds > 60 * budget["max_minutes"]

@@ -29,7 +29,9 @@ description:
   - O(step=record) appends one candidate's record and shows one progress line with its figures
     and the best so far.
   - O(step=final) names the best candidates that cleared every gate, to measure again beside
-    the incumbent.
+    the incumbent, and the order of their trials - trial n of each in block n, each block in an
+    order drawn from the run's name (the same when the run is resumed), without the trials whose
+    results file is written already.
   - O(step=propose) judges those repeated trials against the incumbent's with the canary
     analysis' judge; a candidate is proposed only when the judge passes it and the whole
     confidence interval of its score's shift lies above 0. Writes C(proposal.yml) - the
@@ -130,7 +132,8 @@ options:
   trials:
     description:
       - For O(step=propose), how many times each finalist and the incumbent were benched again
-        (with O(step=round), how many times they will be, for the search's cost).
+        (with O(step=final), how many times they are to be; with O(step=round), for the search's
+        cost).
         Their figures are read from the results files of C(<run_dir>/trials/<id>-<n>/), n from 1
         to O(trials); a finalist whose final trials failed (its latest record is of no round) has
         none.
@@ -234,6 +237,13 @@ record:
   type: dict
 measure:
   description: The candidates to measure again, the incumbent first when it cleared every gate.
+  returned: O(step=final)
+  type: list
+  elements: dict
+schedule:
+  description:
+    - The final trials still to run, in their order, each C({candidate, trial}) - C(candidate)
+      one of RV(measure), C(trial) its number from 1.
   returned: O(step=final)
   type: list
   elements: dict

@@ -150,25 +150,36 @@ def read_trials(run_dir: str | os.PathLike, count: int, latest: dict[str, dict])
     candidate whose latest record is a failure of no round (a finalist that failed its final
     trials) has none, nor one the run does not know. A results file that is not a JSON object
     with a score is left out."""
+    found: dict[str, list[tuple[int, dict]]] = {}
+    for key, number, figures in _trial_results(run_dir, count):
+        record = latest.get(key) or {}
+        if not record or (record.get("round") is None and record.get("status") != MEASURED):
+            continue
+        found.setdefault(key, []).append((number, figures))
+    return {key: [figures for _number, figures in sorted(trials, key=lambda trial: trial[0])]
+            for key, trials in found.items()}
+
+
+def trials_done(run_dir: str | os.PathLike, count: int) -> set[tuple[str, int]]:
+    """(id, n) of each final trial, n from 1 to count, whose results file is written."""
+    return {(key, number) for key, number, _figures in _trial_results(run_dir, count)}
+
+
+def _trial_results(run_dir, count):
+    """(id, n, figures) of each results file with a score under <run_dir>/trials/<id>-<n>/."""
     folder = os.path.join(run_dir, TRIALS_FOLDER)
     if not os.path.isdir(folder):
-        return {}
-    found: dict[str, list[tuple[int, dict]]] = {}
+        return
     for name in sorted(os.listdir(folder)):
         key, sep, number = name.rpartition("-")
-        record = latest.get(key) or {}
-        if not sep or not number.isdigit() or not 1 <= int(number) <= count or not record:
-            continue
-        if record.get("round") is None and record.get("status") != MEASURED:
+        if not sep or not number.isdigit() or not 1 <= int(number) <= count:
             continue
         for base, _folders, files in sorted(os.walk(os.path.join(folder, name))):
             for file_name in sorted(files):
                 if file_name.endswith(".json"):
                     figures = _read_json(os.path.join(base, file_name))
                     if isinstance(figures, dict) and _is_number(figures.get("score")):
-                        found.setdefault(key, []).append((int(number), figures))
-    return {key: [figures for _number, figures in sorted(trials, key=lambda trial: trial[0])]
-            for key, trials in found.items()}
+                        yield key, int(number), figures
 
 
 def _read_json(path: str):

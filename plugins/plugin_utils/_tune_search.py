@@ -29,6 +29,13 @@ size (0 after the last), "ids": the candidates (round 1; next_round picks the ot
 "incumbent": its id}. The incumbent is in every round, first, unless it failed to start; a
 candidate that failed to start or missed a gate never goes on to the next round.
 
+Last the final trials (final_schedule): each finalist and the incumbent benched `trials` times
+on the whole workload, trial n of every one of them in block n, in an order drawn for the block
+from the run's name. Trial n of a finalist and trial n of the incumbent then share their window
+(a host's drift over the trials is in both sides of a pair alike), and no side is always the
+first after an engine start or the last of a block. The order is the same when the run is
+resumed, and a trial whose results file is written is not run again.
+
 The wall-clock budget (budget.max_minutes) is the playbook's to keep: the plan bounds the bench
 time, and an engine start on a real host may take longer than the bench.
 """
@@ -36,6 +43,7 @@ time, and an engine start on a real host may take longer than the bench.
 from __future__ import annotations
 
 import math
+import random
 from decimal import Decimal
 from fractions import Fraction
 
@@ -215,3 +223,16 @@ def _records(results) -> list[dict]:
 
 def _is_number(value) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def final_schedule(measure: list[dict], trials: int, run: str, done=frozenset()) -> list[dict]:
+    """[{"candidate": one of `measure`, "trial": n}] of the final trials still to run: trials
+    1 to `trials` of each, block by block, each block in an order drawn from `run` and n (the
+    same in every resumption); `done` holds the (id, n) whose results are written."""
+    schedule = []
+    for trial in range(1, trials + 1):
+        block = list(measure)
+        random.Random(f"{run}/{trial}").shuffle(block)
+        schedule += [{"candidate": candidate, "trial": trial} for candidate in block
+                     if (candidate["id"], trial) not in done]
+    return schedule

@@ -133,7 +133,7 @@ def test_the_stand_in_answers_every_protocol_probe_and_bench_request_as_the_real
     standin, real = lab.hosts
     args = recorded(current_release(real), "engine")["args"]
     assert args == {**recorded(current_release(standin), "engine")["args"], "tensor_parallel_size": 1,
-                    "guided_decoding_backend": "xgrammar", "guided_decoding_disable_any_whitespace": True,
+                    "max_num_batched_tokens": 1024, "guided_decoding_backend": "xgrammar", "guided_decoding_disable_any_whitespace": True,
                     "middleware": "biv100_lab_marker.mark_simulated"}
     probes = select(load_suites([str(REPO / "files" / "probes" / "default.yml")]), [], [], checks=["protocol"])
     requests = [module_request(with_values(probe, probe_values(args, "qwen3_5"))) for probe in probes]

@@ -119,7 +119,7 @@ def finals(tmp_path, incumbent_scores, other_scores, other_ttft=100.0):
     incumbent, other = run_step("round", tmp_path, run_dir=folder, round=1)["pending"]
     record(tmp_path, folder, incumbent, bench=bench(incumbent_scores[0]), quality=QUALITY, probes=PROBES)
     record(tmp_path, folder, other, bench=bench(other_scores[0], other_ttft), quality=QUALITY, probes=PROBES)
-    final = run_step("final", tmp_path, run_dir=folder)
+    final = run_step("final", tmp_path, run_dir=folder, trials=len(other_scores))
     assert [candidate["id"] for candidate in final["measure"]] == [incumbent["id"], other["id"]]
     write_trials(folder, incumbent["id"], [bench(score) for score in incumbent_scores])
     write_trials(folder, other["id"], [bench(score, other_ttft) for score in other_scores])
@@ -129,9 +129,7 @@ def finals(tmp_path, incumbent_scores, other_scores, other_ttft=100.0):
 def write_trials(folder, key, benches):
     """Each trial's results file, where the gates role's bench writes it: <run>/trials/<id>-<n>/<release>/<label>.json."""
     for number, figures in enumerate(benches, start=1):
-        path = Path(folder) / "trials" / f"{key}-{number}" / "sub510" / "h1.json"
-        path.parent.mkdir(parents=True)
-        path.write_text(json.dumps(figures))
+        write_trials_numbered(folder, key, number, figures)
 
 
 def test_the_judge_reads_the_trials_asked_for_and_none_of_a_finalist_that_failed_them(tmp_path):
@@ -155,7 +153,7 @@ def test_a_finalist_that_misses_a_gate_on_its_trials_is_recorded_so_and_is_never
     incumbent, other = run_step("round", tmp_path, run_dir=folder, round=1)["pending"]
     record(tmp_path, folder, incumbent, bench=bench(10000.0), quality=QUALITY, probes=PROBES)
     record(tmp_path, folder, other, bench=bench(15000.0), quality=QUALITY, probes=PROBES)
-    (finalist,) = run_step("final", tmp_path, run_dir=folder)["finalists"]
+    (finalist,) = run_step("final", tmp_path, run_dir=folder, trials=3)["finalists"]
 
     # The trials are no round: the record has none, and its line names a finalist, not another candidate.
     missed = run_step("record", tmp_path, run_dir=folder, candidate=finalist, status="missed_gate", factor=1.0,
@@ -166,7 +164,7 @@ def test_a_finalist_that_misses_a_gate_on_its_trials_is_recorded_so_and_is_never
                                     "on its final trials: quality gate")
     assert f"best so far {incumbent['id']} score 10000" in missed["msg"]
     # Its round's record stays; the last one says it missed: the incumbent alone is left.
-    assert run_step("final", tmp_path, run_dir=folder)["finalists"] == []
+    assert run_step("final", tmp_path, run_dir=folder, trials=3)["finalists"] == []
     assert run_step("round", tmp_path, run_dir=folder, round=1)["pending"] == []
 
 
@@ -205,7 +203,7 @@ def test_a_gain_within_the_least_worth_deploying_is_not_proposed(tmp_path):
     for candidate, scores in ((incumbent, incumbent_scores), (other, other_scores)):
         record(tmp_path / "lower", folder, candidate, bench=bench(scores[0]), quality=QUALITY, probes=PROBES)
         write_trials(folder, candidate["id"], [bench(score) for score in scores])
-    run_step("final", tmp_path / "lower", run_dir=folder)
+    run_step("final", tmp_path / "lower", run_dir=folder, trials=3)
     worth = run_step("propose", tmp_path / "lower", run_dir=folder, trials=3, min_gain=0.01)
     assert worth["proposed"] and worth["best"] == other["id"]
     assert worth["msg"].startswith("h1: on the weighted score at the bench's offered load, no latency limit, tune "
@@ -245,7 +243,7 @@ def test_finalists_the_judge_cannot_tell_apart_keep_the_one_with_fewer_changes_a
     for settings, candidate in by_settings.items():
         score = {2: 10000.0, 4: 13000.0, 8: 15000.0}[settings[0]] + (10.0 if settings[1] == 8192 else 0.0)
         record(tmp_path, folder, candidate, bench=bench(score), quality=QUALITY, probes=PROBES)
-    final = run_step("final", tmp_path, run_dir=folder)
+    final = run_step("final", tmp_path, run_dir=folder, trials=3)
     fewer, more, incumbent = by_settings[8, 4096], by_settings[8, 8192], by_settings[2, 4096]
     assert {candidate["id"] for candidate in final["finalists"]} == {fewer["id"], more["id"]}
     write_trials(folder, incumbent["id"], [bench(score) for score in (10000.0, 10020.0, 9980.0)])
@@ -263,6 +261,38 @@ def test_finalists_the_judge_cannot_tell_apart_keep_the_one_with_fewer_changes_a
     assert "try 16, 32 next" in proposed["msg"]
 
 
+def test_the_final_trials_are_interleaved_in_an_order_of_the_run_and_a_resumed_run_runs_only_those_left(tmp_path):
+    folder = plan(tmp_path)["run_dir"]
+    incumbent, other = run_step("round", tmp_path, run_dir=folder, round=1)["pending"]
+    record(tmp_path, folder, incumbent, bench=bench(10000.0), quality=QUALITY, probes=PROBES)
+    record(tmp_path, folder, other, bench=bench(15000.0), quality=QUALITY, probes=PROBES)
+
+    final = run_step("final", tmp_path, run_dir=folder, trials=8)
+
+    order = [(entry["candidate"]["id"], entry["trial"]) for entry in final["schedule"]]
+    # Block by block: trial n of both before trial n + 1 of either.
+    assert [trial for _key, trial in order] == [n for n in range(1, 9) for _side in range(2)]
+    assert all({order[2 * n][0], order[2 * n + 1][0]} == {incumbent["id"], other["id"]} for n in range(8))
+    # The blocks' orders differ: neither side is always the first (this run's draws).
+    assert {key for key, _trial in order[0::2]} == {incumbent["id"], other["id"]}
+    assert "8 trials each, interleaved" in final["msg"]
+    # The order is the run's: the same when asked again.
+    assert run_step("final", tmp_path, run_dir=folder, trials=8)["schedule"] == final["schedule"]
+    # Resumed after three trials were written (one with no score: it ran again), it runs the rest in the same order.
+    for key, trial in order[:3]:
+        write_trials_numbered(folder, key, trial, bench(12000.0))
+    write_trials_numbered(folder, order[3][0], order[3][1], {"error": "the bench stopped"})
+    resumed = run_step("final", tmp_path, run_dir=folder, trials=8)
+    assert [(entry["candidate"]["id"], entry["trial"]) for entry in resumed["schedule"]] == order[3:]
+    assert "3 trial(s) written before are kept" in resumed["msg"]
+
+
+def write_trials_numbered(folder, key, number, figures):
+    path = Path(folder) / "trials" / f"{key}-{number}" / "sub510" / "h1.json"
+    path.parent.mkdir(parents=True)
+    path.write_text(json.dumps(figures))
+
+
 def test_the_search_says_its_cost_before_it_starts(tmp_path, capsys):
     folder = run_step("plan", tmp_path, run="r1", space=str(_space(tmp_path)), host="h1", instance="vllm",
                       release="sub510", incumbent=INCUMBENT, results_dir=str(tmp_path / "tune"),
@@ -270,10 +300,11 @@ def test_the_search_says_its_cost_before_it_starts(tmp_path, capsys):
 
     planned = run_step("round", tmp_path, run_dir=folder, round=1, finalists=2, trials=3)
 
-    # Two valid candidates on the full workload, then 2 finalists and the incumbent 3 times each.
-    assert planned["cost"] == {"benches": 11, "starts": 5, "hours": 0.275, "over_budget": True,
+    # Two valid candidates on the full workload, then 2 finalists and the incumbent 3 times each,
+    # their trials interleaved: a start before each at most.
+    assert planned["cost"] == {"benches": 11, "starts": 11, "hours": 0.275, "over_budget": True,
                                "line": planned["cost"]["line"]}
-    assert planned["cost"]["line"] == ("11 full benches and 5 engine starts, some 16 min of benching (0.275 "
+    assert planned["cost"]["line"] == ("11 full benches and at most 11 engine starts, some 16 min of benching (0.275 "
                                        "host-hours) besides the starts: over budget.max_minutes (10)")
     assert "h1: the search will cost 11 full benches" in capsys.readouterr().out
 
