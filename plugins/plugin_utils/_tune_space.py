@@ -89,6 +89,10 @@ MEMORY_KEY = "gpu_memory_utilization"
 # The settings that make a candidate need the most memory at start-up: the memory step-down
 # starts the candidate with the largest value of each that the space holds.
 LARGEST_KEYS = ("max_num_seqs", "max_num_batched_tokens", "max_model_len")
+# The allocator options that let more start, and the value that does: expandable segments leave
+# nothing of the profile run's peak fragmented. The step-down starts the largest candidate with
+# them when the space tries them, as the best of the largest settings would run.
+STARTING_ALLOCATOR = {"expandable_segments": True}
 
 
 class TuneSpaceError(ValueError):
@@ -327,7 +331,8 @@ def _memory_capped(axes: list, ceiling: float) -> list:
 
 def largest_candidate(space: dict, incumbent: dict, gpu_memory_utilization: float) -> dict:
     """The incumbent with the largest value the space holds of each of LARGEST_KEYS, at the
-    given gpu_memory_utilization: the candidate the memory step-down starts."""
+    given gpu_memory_utilization, and the allocator options of STARTING_ALLOCATOR the space
+    tries: the candidate the memory step-down starts."""
     settings = incumbent_candidate(incumbent)
     args = dict(settings["engine_args"])
     for key in LARGEST_KEYS:
@@ -335,7 +340,11 @@ def largest_candidate(space: dict, incumbent: dict, gpu_memory_utilization: floa
         if sizes:
             args[key] = max(sizes)
     args[MEMORY_KEY] = gpu_memory_utilization
-    return make_candidate({**settings, "engine_args": args})
+    allocator = dict(settings["engine_allocator"])
+    for key, value in STARTING_ALLOCATOR.items():
+        if value in (space.get("engine_allocator") or {}).get(key, []):
+            allocator[key] = value
+    return make_candidate({**settings, "engine_args": args, "engine_allocator": allocator})
 
 
 def candidate_problems(candidate: dict, known_flags: list[str] | None = None, torch_version: str | None = None,

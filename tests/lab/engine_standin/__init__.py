@@ -16,13 +16,13 @@ tests/ imports it.
 
 What a benchmark or an evaluation measures is simulated too, and says so:
 
-- speed: answers leave on a documented schedule (speed_model.py, which is the reference): at
-  most --max-num-seqs sequences at once and as many as the KV cache holds, the rest queued
-  first come first served; the first token after the prompt's chunks of
-  --max-num-batched-tokens (4 ms a step beside prompt_tokens / BIV100_STANDIN_PREFILL_TPS
-  seconds), then one every 1 / BIV100_STANDIN_DECODE_TPS, each sequence slowed by the others
-  running beside it; long prompts side by side run out of memory unless PYTORCH_CUDA_ALLOC_CONF
-  keeps large blocks whole. Streams are paced without drift; a non-streamed answer leaves with
+- speed: answers leave as the engine's steps make their tokens (speed_model.py, which is the
+  reference, and engine_steps.py): at most --max-num-seqs sequences at once and as many as the
+  KV cache holds, the rest queued first come first served; in each step every running sequence
+  makes a token and prompts are read in chunks of what is left of --max-num-batched-tokens (8 ms
+  a step beside tokens / BIV100_STANDIN_PREFILL_TPS seconds), a decode step of n sequences
+  taking 1 + 0.2 (n - 1) times one's 1 / BIV100_STANDIN_DECODE_TPS; long prompts side by side
+  run out of memory unless PYTORCH_CUDA_ALLOC_CONF keeps large blocks whole. Streams are paced without drift; a non-streamed answer leaves with
   its last token. ignore_eos, min_tokens and stream_options (include_usage,
   continuous_usage_stats) behave as in vLLM 0.10.1.1 (sampling.py).
 - quality: the evaluation set's question forms get answers computed from the question
@@ -45,14 +45,16 @@ Environment:
     BIV100_STANDIN_VLLM_ROOT      the installed vllm package folder (default: found on sys.path)
     BIV100_STANDIN_NEVER_HEALTHY  1: bind the port and never finish loading
     BIV100_STANDIN_CRASH_AFTER    N: exit with status 1 after answering N chat requests
-    BIV100_STANDIN_PREFILL_TPS    prompt tokens per second of a sequence alone (default 60000)
+    BIV100_STANDIN_PREFILL_TPS    prompt tokens per second of a sequence alone (default 200000)
     BIV100_STANDIN_DECODE_TPS     output tokens per second of a sequence alone (default 6000);
-                                  with the prefill default, the lab's default bench load at
-                                  Sub168 (1024-token prompts, 128 to 256 output tokens, 2 in
-                                  flight) is predicted at 10,135 to 11,062 against the gate's
-                                  8,000 (about 10,000 measured over loopback)
-    BIV100_STANDIN_JITTER         0..1 (default 0): each request runs up to that much longer or
-                                  shorter, drawn by a generator seeded with BIV100_STANDIN_SEED
+                                  with the other defaults, the lab's default bench at Sub168
+                                  (1024-token prompts, 128 to 256 output tokens, 8 in flight) is
+                                  predicted at 10,503 against the gate's 8,000
+    BIV100_STANDIN_STEP_SECONDS   what a step that reads prompt tokens costs beside them
+                                  (default 0.008)
+    BIV100_STANDIN_JITTER         0..1 (default 0): each engine step runs up to that much longer
+                                  or shorter, drawn by a generator seeded with
+                                  BIV100_STANDIN_SEED and the step's number
     BIV100_STANDIN_WRONG_SHARE    0..1 (default 0): share of the evaluation set's questions
                                   answered wrongly, chosen by the sha256 of the prompt
     BIV100_STANDIN_BREAK          answer one kind of request wrongly, one of:
@@ -62,7 +64,7 @@ Environment:
         tool_content_none      500 for an assistant message with content null and tool_calls
         thinking_tools         a tool request with thinking on spends the budget thinking
         fragmentation          CUDA out of memory for a long prompt (over 1024 tokens) that
-                               starts running beside another, whatever
+                               begins to run beside another, whatever
                                PYTORCH_CUDA_ALLOC_CONF says
         json_object            response_format json_object not applied: braces around prose
     CUDA_VISIBLE_DEVICES, PYTORCH_CUDA_ALLOC_CONF, VLLM_ALLOW_LONG_MAX_MODEL_LEN, VLLM_API_KEY

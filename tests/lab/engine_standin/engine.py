@@ -121,17 +121,18 @@ def build_engine(args, environ, options, vllm_root, version):
         tool_parser=args.tool_call_parser, reasoning_parser=args.reasoning_parser,
         fixes=fixes, broken=options.broken, wrong_share=options.wrong_share)
     rates = speed_model.Rates.from_environ(environ, engine_settings.prefill_chunk)
-    fragments = (options.broken == "fragmentation"
-                 or memory_model.allocator_fragments(engine_settings.allocator_conf))
-    logger.info("simulated speed: %s per sequence alone, at most %d sequences at once, each at "
-                "1 / (1 + %g x (sequences - 1)) of that; long prompts (over %d tokens) %s; "
-                "evaluation answers wrong for a share of %g", rates, args.max_num_seqs,
-                speed_model.BATCH_SLOWDOWN, memory_model.FRAGMENTATION_PROMPT_TOKENS,
-                "run out of memory side by side (fragmented allocator)" if fragments
+    steps = speed_model.engine_for(engine_settings, memory, rates, environ)
+    logger.info("simulated speed: %s for a sequence alone; steps of %d tokens at most (%s), a "
+                "decode step of n sequences (1 + %g (n - 1)) times one's, at most %d sequences "
+                "and %d KV cache tokens at once; long prompts (over %d tokens) %s; evaluation "
+                "answers wrong for a share of %g", rates, engine_settings.max_num_batched_tokens,
+                "chunked prefill" if engine_settings.chunked_prefill else "whole prompts",
+                speed_model.BATCH_SLOWDOWN, args.max_num_seqs, memory.kv_tokens,
+                memory_model.FRAGMENTATION_PROMPT_TOKENS,
+                "run out of memory side by side (fragmented allocator)" if steps.fragments
                 else "fit side by side", options.wrong_share)
     api_keys = [key for key in (args.api_key or [environ.get("VLLM_API_KEY")]) if key]
-    state = EngineState(config, model_path, version, api_keys, options.crash_after, rates,
-                        memory.kv_tokens, fragments)
+    state = EngineState(config, model_path, version, api_keys, options.crash_after, steps)
     return state, memory
 
 

@@ -49,6 +49,11 @@ FP8_PREFIX = "fp8"
 FRAGMENTATION_PROMPT_TOKENS = 1024
 FRAGMENTATION_BLOCK_GIB = 1.95
 FRAGMENTATION_MAX_SPLIT_MB = 1024
+# The share of the profile run's activation peak that the caching allocator holds besides it,
+# reserved and not allocated, at the peak: a quarter with fixed segments that it splits, an eighth
+# when max_split_size_mb keeps the large ones whole, none with expandable segments.
+START_FRAGMENTATION_SPLIT = 0.25
+START_FRAGMENTATION_UNSPLIT = 0.125
 
 
 class ModelShape:
@@ -110,7 +115,9 @@ class MemoryPlan:
         self.weights = (CHECKPOINT_BYTES * model_bytes // CHECKPOINT_DTYPE_BYTES
                         // settings.tensor_parallel_size)
         self.non_torch = NON_TORCH_BYTES
-        self.activation = ACTIVATION_BYTES_PER_TOKEN * settings.max_num_batched_tokens
+        # The profile run's peak: the activation, and what the allocator fragments beside it.
+        self.activation = int(ACTIVATION_BYTES_PER_TOKEN * settings.max_num_batched_tokens
+                              * (1 + start_fragmentation(settings.allocator_conf)))
         self.attention_layers = shape.attention_layers
         self.kv_per_token = shape.kv_bytes_per_token(
             kv_dtype_bytes(settings.kv_cache_dtype, model_bytes), settings.tensor_parallel_size)
@@ -179,16 +186,28 @@ def _gib_text(size):
 
 # ---- fragmentation ----------------------------------------------------------------------
 
-def allocator_fragments(allocator_conf):
-    """Whether PYTORCH_CUDA_ALLOC_CONF (already checked by startup.check_allocator_config)
-    leaves the caching allocator splitting the large blocks a long prefill needs."""
+def _allocator_options(allocator_conf):
+    """(expandable segments, large blocks kept whole) of PYTORCH_CUDA_ALLOC_CONF, already
+    checked by startup.check_allocator_config."""
     options = dict(re.findall(r"(?:^|,)(expandable_segments|max_split_size_mb):([^,\[\]]+)",
                               (allocator_conf or "").replace(" ", "")))
-    if options.get("expandable_segments") == "True":
-        return False
     split = options.get("max_split_size_mb")
-    return not (split is not None and split.isdigit()
-                and int(split) <= FRAGMENTATION_MAX_SPLIT_MB)
+    return (options.get("expandable_segments") == "True",
+            split is not None and split.isdigit() and int(split) <= FRAGMENTATION_MAX_SPLIT_MB)
+
+
+def allocator_fragments(allocator_conf):
+    """Whether the caching allocator splits the large blocks a long prefill needs."""
+    expandable, whole = _allocator_options(allocator_conf)
+    return not (expandable or whole)
+
+
+def start_fragmentation(allocator_conf):
+    """The share of the profile run's activation peak the allocator holds besides it."""
+    expandable, whole = _allocator_options(allocator_conf)
+    if expandable:
+        return 0.0
+    return START_FRAGMENTATION_UNSPLIT if whole else START_FRAGMENTATION_SPLIT
 
 
 def is_long_prompt(prompt_tokens):

@@ -14,7 +14,7 @@ import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-from . import chat, memory_model, speed_model
+from . import chat, engine_steps, speed_model
 
 logger = logging.getLogger("vllm.entrypoints.openai.api_server")
 
@@ -24,17 +24,13 @@ SIMULATED_HEADER = ("x-biv100-simulated", "engine stand-in")
 
 
 class EngineState:
-    """What every request handler shares: the engine's settings and its counters."""
+    """What every request handler shares: the engine's settings, its steps and its counters."""
 
-    def __init__(self, config, model_path, version, api_keys, crash_after, rates=None,
-                 kv_cache_tokens=None, fragments=False):
+    def __init__(self, config, model_path, version, api_keys, crash_after, steps):
         self.config = config
-        self.rates = rates or speed_model.Rates()
-        self.slots = speed_model.SequenceSlots(config.max_num_seqs, kv_cache_tokens)
-        self.batch = speed_model.Batch()
-        self.kv_cache_tokens = kv_cache_tokens
-        # Whether the allocator leaves long prefills without a block (memory_model.py).
-        self.fragments = fragments
+        # The engine's steps on the machine's clock (engine_steps.py): when each token is made.
+        self.engine = engine_steps.LiveEngine(steps)
+        self.kv_cache_tokens = steps.kv_tokens
         self.model_path = model_path
         self.version = version
         self.api_keys = api_keys
@@ -42,55 +38,29 @@ class EngineState:
         self.started = int(time.time())
         self.lock = threading.Lock()
         self.chat_requests = 0
-        self.running = 0  # requests whose sequences run
-        self.waiting = 0  # requests in line for sequence slots
-        self.long_prompts = 0  # running requests with a long prompt
         self.prompt_tokens = 0
         self.generation_tokens = 0
         self.finished = {}  # finish_reason -> count
 
     @contextlib.contextmanager
-    def sequences(self, completion, arrived):
-        """Run the answer's sequences once their slots and KV cache are free, in the order
-        requests asked for them; yields the request's clock, started on arrival, or when the
-        slots came if they had to be waited for. A long prompt starting beside another on an
-        allocator that fragments finds no block for its prefill: chat.ApiError, at once."""
-        count = speed_model.sequences_of(len(completion.choices), self.config.max_num_seqs)
-        tokens = completion.prompt_tokens + sum(choice.completion_tokens
-                                                for choice in completion.choices)
-        with self.lock:
-            self.waiting += 1
+    def running(self, completion, arrived):
+        """The answer's request in the engine from its arrival: yields its key, for
+        LiveEngine.work. A long prompt that begins beside another on an allocator that
+        fragments finds no block for its prefill: chat.ApiError, when it begins."""
+        choice_tokens = [choice.completion_tokens for choice in completion.choices]
+        key = self.engine.submit(speed_model.work_of(completion.prompt_tokens, choice_tokens,
+                                                     self.config.max_num_seqs), arrived)
         try:
-            waited = self.slots.acquire(count, tokens)
+            failed = self.engine.work(key).failed
+            if failed is not None:
+                speed_model.wait_until(lambda: failed[0], self.engine.clock, self.engine.wait)
+                logger.error("torch.OutOfMemoryError: %s (simulated: a long prompt's prefill beside "
+                             "another on a fragmented cache, see PYTORCH_CUDA_ALLOC_CONF)", failed[1])
+                raise chat.ApiError(500, failed[1], "InternalServerError")
+            yield key
+            self.record(completion)
         finally:
-            with self.lock:
-                self.waiting -= 1
-        long_prompt = memory_model.is_long_prompt(completion.prompt_tokens)
-        with self.lock:
-            self.long_prompts += int(long_prompt)
-            crowded = long_prompt and self.fragments and self.long_prompts > 1
-        if crowded:
-            self._leave(count, tokens, long_prompt)
-            message = memory_model.fragmentation_message()
-            logger.error("torch.OutOfMemoryError: %s (simulated: a long prompt's prefill beside "
-                         "another on a fragmented cache, see PYTORCH_CUDA_ALLOC_CONF)", message)
-            raise chat.ApiError(500, message, "InternalServerError")
-        self.record(completion)
-        with self.lock:
-            self.running += 1
-        request = self.batch.join(count, time.monotonic() if waited else arrived)
-        try:
-            yield request
-        finally:
-            self.batch.leave(request)
-            with self.lock:
-                self.running -= 1
-            self._leave(count, tokens, long_prompt)
-
-    def _leave(self, count, tokens, long_prompt):
-        with self.lock:
-            self.long_prompts -= int(long_prompt)
-        self.slots.release(count, tokens)
+            self.engine.done(key)
 
     def record(self, completion):
         with self.lock:
@@ -122,17 +92,19 @@ def _permission(created):
 def metrics_text(state):
     """A few of vLLM's V0 Prometheus series, labelled by the first served name."""
     label = f'model_name="{state.config.served_names[0]}"'
+    running, waiting, held = state.engine.gauges()
+    usage = float(held / state.kv_cache_tokens) if state.kv_cache_tokens else 0.0
     with state.lock:
         lines = [
             "# HELP vllm:num_requests_running Number of requests currently running on GPU.",
             "# TYPE vllm:num_requests_running gauge",
-            f"vllm:num_requests_running{{{label}}} {float(state.running)}",
+            f"vllm:num_requests_running{{{label}}} {float(running)}",
             "# HELP vllm:num_requests_waiting Number of requests waiting to be processed.",
             "# TYPE vllm:num_requests_waiting gauge",
-            f"vllm:num_requests_waiting{{{label}}} {float(state.waiting)}",
+            f"vllm:num_requests_waiting{{{label}}} {float(waiting)}",
             "# HELP vllm:gpu_cache_usage_perc GPU KV-cache usage. 1 means 100 percent usage.",
             "# TYPE vllm:gpu_cache_usage_perc gauge",
-            f"vllm:gpu_cache_usage_perc{{{label}}} {_cache_usage(state)}",
+            f"vllm:gpu_cache_usage_perc{{{label}}} {usage}",
             "# HELP vllm:prompt_tokens_total Number of prefill tokens processed.",
             "# TYPE vllm:prompt_tokens_total counter",
             f"vllm:prompt_tokens_total{{{label}}} {float(state.prompt_tokens)}",
@@ -145,12 +117,6 @@ def metrics_text(state):
         lines += [f'vllm:request_success_total{{finished_reason="{reason}",{label}}} '
                   f"{float(count)}" for reason, count in sorted(state.finished.items())]
     return "\n".join(lines) + "\n"
-
-
-def _cache_usage(state):
-    if not state.kv_cache_tokens:
-        return 0.0
-    return float(state.slots.tokens_used / state.kv_cache_tokens)
 
 
 class Handler(BaseHTTPRequestHandler):
@@ -267,15 +233,14 @@ class Handler(BaseHTTPRequestHandler):
                                  chat.response_body)
 
     def _answer_on_schedule(self, completion, body, arrived, stream_chunks, response_body):
-        """Send a computed answer as the speed model lets its tokens out (speed_model.py)."""
-        rates = self.state.rates.for_request()
+        """Send a computed answer as the engine's steps make its tokens (engine_steps.py)."""
         if body.get("stream"):
             # The headers go at once, as Starlette's StreamingResponse sends them; the chunks
             # wait for their tokens, and an engine error is the stream's last event.
             self._start_stream()
             try:
-                with self.state.sequences(completion, arrived) as request:
-                    self._paced_stream(completion, body, request, stream_chunks, rates)
+                with self.state.running(completion, arrived) as key:
+                    self._paced_stream(completion, body, key, stream_chunks)
             except chat.ApiError as error:
                 # The stream generator's create_streaming_error_response, with its defaults.
                 failed = chat.ApiError(400, error.message, "BadRequestError")
@@ -283,21 +248,26 @@ class Handler(BaseHTTPRequestHandler):
             self._end_stream()
             return
         try:
-            with self.state.sequences(completion, arrived) as request:
+            with self.state.running(completion, arrived) as key:
                 last_token = max(choice.completion_tokens for choice in completion.choices)
-                speed_model.sleep_until(rates.request_seconds(completion.prompt_tokens, last_token),
-                                        request.elapsed, request.sleep)
+                speed_model.wait_until(lambda: self._due(key, last_token), self.state.engine.clock,
+                                       self.state.engine.wait)
         except chat.ApiError as error:
             self._json(error.status, error.body())
             return
         self._json(200, response_body(completion, body))
 
-    def _paced_stream(self, completion, body, request, stream_chunks, rates):
+    def _due(self, key, token):
+        return self.state.engine.work(key).token_time(token)
+
+    def _paced_stream(self, completion, body, key, stream_chunks):
         schedule = speed_model.stream_schedule(
-            list(stream_chunks(completion, body)), completion.prompt_tokens,
-            [choice.completion_tokens for choice in completion.choices], rates)
+            list(stream_chunks(completion, body)),
+            [choice.completion_tokens for choice in completion.choices])
         continuous = speed_model.continuous_usage(body)
-        for batch in speed_model.paced(schedule, 0.0, clock=request.elapsed, sleep=request.sleep):
+        engine = self.state.engine
+        for batch in speed_model.paced(schedule, lambda token: self._due(key, token),
+                                       clock=engine.clock, sleep=engine.wait):
             events = []
             for out, chunk in speed_model.merged(batch):
                 if continuous and out is not None:

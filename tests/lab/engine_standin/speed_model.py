@@ -1,12 +1,13 @@
 """The simulated engine's performance: what starts, what runs at once, and when each token of an
-answer is due.
+answer is made.
 
 The stand-in computes an answer's text at once; this model decides whether the engine starts
-with its launch settings, how many sequences run side by side, and when an answer may leave, so
-that a load generator (and a tuner searching the settings) measures figures that follow from a
-few documented numbers instead of from the speed of the machine running the lab. It is a small
-model of vLLM 0.10.1.1 on BI-V100 GPUs, not a measurement of one; every figure it produces is
-marked simulated (server.py's header, "(simulated)" in its log lines).
+with its launch settings, which requests run side by side, and when each token is made, so that
+a load generator (and a tuner searching the settings) measures figures that follow from a few
+documented numbers instead of from the speed of the machine running the lab. It is a small
+model of vLLM 0.10.1.1 on BI-V100 GPUs, not a measurement of one, and no figure it gives is a
+claim about a BI-V100's speed; every figure it produces is marked simulated (server.py's
+header, "(simulated)" in its log lines).
 
 The settings it answers to: --max-model-len, --max-num-seqs, --max-num-batched-tokens,
 --enable-chunked-prefill, --gpu-memory-utilization, --dtype, --kv-cache-dtype,
@@ -28,10 +29,14 @@ determine_num_available_blocks, then initialize_cache):
                                       of --dtype (half, float16, bfloat16, auto: 2; float,
                                       float32: 4), split over the tensor-parallel GPUs
     non-torch           0.75          NCCL and runtime buffers the profile run adds
-    activation          0.5 MiB x max_num_batched_tokens
+    activation peak     0.5 MiB x max_num_batched_tokens x (1 + f)
                                       the profile run's peak (eager mode, attention without a
-                                      flash kernel): larger prefill chunks cost memory
-    KV cache            utilization x 32 - weights - non-torch - activation
+                                      flash kernel): larger prefill chunks cost memory; f the
+                                      share the caching allocator holds fragmented beside it,
+                                      reserved and not allocated: 0 with expandable_segments:True,
+                                      1/8 when max_split_size_mb (at most 1024) keeps the large
+                                      blocks whole, 1/4 otherwise
+    KV cache            utilization x 32 - weights - non-torch - activation peak
     KV per token        2 x max(1, kv_heads / tp) x head_dim x k x attention layers, bytes
                                       keys and values of each GPU's share of the KV heads, k the
                                       bytes of --kv-cache-dtype (auto: d; fp8*: 1); the geometry
@@ -43,16 +48,16 @@ The cache is whole blocks of 16 tokens. The lab's Qwen3.5 (memory_model.LAB_QWEN
 which tests/lab/host_tree.py writes to /opt/models/qwen3_5/config.json) has 64 layers, all full
 attention, 8 KV heads of 128: 64 KiB per token and GPU at tp 4, so 256000 tokens take 15.63 GiB.
 That geometry is the lab's own, not a published checkpoint's: it makes Sub168's context fill most
-of the memory, so that gpu_memory_utilization and max_num_batched_tokens matter. A config.json
-without num_hidden_layers (the unit tests' model) counts as this geometry.
+of the memory, so that gpu_memory_utilization, max_num_batched_tokens and the allocator matter.
+A config.json without num_hidden_layers (the unit tests' model) counts as this geometry.
 
 The start fails, as the real engine's does, after loading (so after BIV100_STANDIN_LOAD_SECONDS),
 with the real message as the last line on stderr and exit status 1:
 
 - weights above the GPU less the runtime: torch.OutOfMemoryError (loading the weights);
-- the profile run's activation above what is left: torch.OutOfMemoryError (the profile run);
-  without chunked prefill max_num_batched_tokens is at least max_model_len, so a long context
-  cannot start;
+- the profile run's activation peak above what is left: torch.OutOfMemoryError (the profile
+  run); without chunked prefill max_num_batched_tokens is at least max_model_len, so a long
+  context cannot start;
 - no block left for the cache: "ValueError: No available memory for the cache blocks. ..."
   (worker.py raise_if_cache_size_invalid);
 - fewer cache tokens than max_model_len: "ValueError: The model's max seq len (N) is larger
@@ -64,88 +69,104 @@ with the real message as the last line on stderr and exit status 1:
   large forward pass there; the stand-in fails at start, where the tuner's memory step looks.)
 
 At Sub168 (max_model_len 256000, max_num_seqs 2, gpu_memory_utilization 0.95,
-max_num_batched_tokens 4096, dtype half, tp 4): weights 10, activation 2, KV cache 17.65 GiB:
-289,168 tokens, 1.13 sequences of 256000 ("Maximum concurrency ... 1.13x" in the log). At
-max_model_len 256000 the utilization must be at least
+max_num_batched_tokens 4096, dtype half, tp 4) with the deploy's allocator options
+(garbage_collection_threshold:0.8,max_split_size_mb:512): weights 10, activation peak 2.25,
+KV cache 17.40 GiB: 285,072 tokens, 1.11 sequences of 256000 ("Maximum concurrency ... 1.11x"
+in the log). At max_model_len 256000 the utilization must be at least
 
-    max_num_batched_tokens 2048: 0.856    4096: 0.887    8192: 0.949
+    max_num_batched_tokens          2048     4096     8192
+    the deploy's options            0.860    0.895    0.965
+    with expandable_segments:True   0.856    0.887    0.949
+    no options                      0.864    0.903    never (above 0.96875)
 
-so 0.89 starts and 0.88 does not with Sub168's 4096 (0.80 is far below), 0.85 holds no
-256000-token sequence with any of them, and 8192 batched tokens need 0.95 or 0.96.
+so Sub168's 4096 start at 0.90 and not at 0.89 on the deploy's options, 0.85 holds no
+256000-token sequence with any of them, and 8192 batched tokens start at 0.95 only with
+expandable segments.
 
 Sequences and the queue
 -----------------------
 
 Each choice of a request is one sequence; a request runs as many sequences as it has choices,
-at most max_num_seqs (the cap keeps a request the base serves from waiting forever). A request
-runs when both are free: its sequences among --max-num-seqs slots, and its tokens (prompt plus
-every choice's answer, the choices sharing the prompt) in the KV cache; at most the whole cache
-(a request larger than it runs alone). A request that does not fit waits, first come first
-served: a later request never overtakes a waiting one, even one that would fit. The real engine
+at most max_num_seqs (the cap keeps a request the base serves from waiting forever). Requests
+begin first come first served at the start of a step (engine_steps.EngineSteps): the first in
+line when its sequences are free among --max-num-seqs slots, its tokens (prompt plus every
+choice's answer, the choices sharing the prompt) free in the KV cache (at most the whole cache:
+a request larger than it runs alone), and, with chunked prefill, some of the step's token budget
+left; a later request never overtakes a waiting one, even one that would fit. The real engine
 holds a prompt's blocks and grows them as it decodes, preempting when the cache is full; the
-stand-in, knowing the answer's length, holds them all from the start and never preempts. A
-request starts running when it arrives, or when it gets its slots if it had to wait; the
+stand-in, knowing the answer's length, holds them all from the start and never preempts. The
 stand-in's own time computing the answer is spent inside the model's time, not added to it.
 (For /v1/completions with several prompts, the prompt tokens are all of them.)
+
+The steps
+---------
+
+The engine works in steps, as vLLM's does (engine_steps.py plays them). In a step every running
+sequence whose prompt is read makes one token, and prompt tokens still to read take their share
+of the step's budget of --max-num-batched-tokens:
+
+- with chunked prefill the decoding sequences take one token of the budget each, then the
+  prompts still to read take the rest, in the order their requests began (a prompt longer than
+  what is left is read over several steps: chunks);
+- without it, as V0's scheduler: the prompts that can begin are read whole in a step of their
+  own (as many as the budget holds, one at least), and no sequence decodes in it.
+
+A step takes
+
+    decode part    (1 + alpha x (n - 1)) / decode_tps     n sequences decoding, alpha =
+                                                          BATCH_SLOWDOWN = 0.2
+    read part      STEP_SECONDS + q / prefill_tps         q prompt tokens read in it,
+                                                          STEP_SECONDS = 8 ms
+
+each part only when the step has such tokens. The step that reads a prompt's last token makes
+its first. So a decode step grows with the batch towards compute bound, where each sequence
+slows as the batch makes more tokens (n = 1, 2, 4, 8: 1, 1.67, 2.5, 3.33 times one sequence's
+tokens); and a prompt read beside decoding sequences delays their next token by its chunk's
+time: a larger budget reads a prompt in fewer steps, which pay STEP_SECONDS fewer times (TTFT
+down, more throughput) and each hold the decoding sequences longer (the gap between their
+tokens up), where a smaller one lets them make a token in every shorter step.
 
 A request alone
 ---------------
 
-Prefill. With chunked prefill vLLM processes a prompt in steps of at most
-max_num_batched_tokens tokens; without it, in one step (its start-up check makes
-max_num_batched_tokens at least max_model_len then). Each step costs STEP_SECONDS (4 ms) beside
-its tokens, so a prompt of p tokens is prefilled in
+Prefill: a prompt of p tokens is read in ceil(p / chunk) steps, chunk the budget with chunked
+prefill, else the whole prompt:
 
-    ceil(p / max_num_batched_tokens) x 0.004 + p / prefill_tps  seconds
+    ceil(p / chunk) x STEP_SECONDS + p / prefill_tps  seconds
 
-(the first token is due then; prompt tokens as usage reports them, the chat template's
+(the first token is made then; prompt tokens as usage reports them, the chat template's
 included). Larger chunks are faster up to the prompt's length, and a chunk larger than the
-prompt gains nothing; each token of max_num_batched_tokens costs half a MiB at start, so past a
-point the KV cache no longer holds max_model_len and the engine does not start. (A step's cost
-grows with the tokens in it, not with the budget it leaves unused: a ten-token probe pays one
-step, not 4096 tokens.)
+prompt gains nothing alone. Then one token every 1 / decode_tps seconds: token k (counted from
+1) is made prefill + (k - 1) / decode_tps seconds after the start (Rates.token_due).
 
-Decode. Then one token every 1 / decode_tps seconds: token k (counted from 1) is due
-prefill + (k - 1) / decode_tps seconds after the start.
+Leaving
+-------
 
-The batch
----------
-
-Sequences running side by side share the GPU: with n sequences running, each runs at
-
-    1 / (1 + alpha x (n - 1))  of its speed alone,  alpha = BATCH_SLOWDOWN = 0.2
-
-its prefill steps and its decode alike (the batch's step takes longer). The aggregate grows with
-n but sublinearly, towards 5 times one sequence's: n = 1, 2, 4, 8 make 1, 1.67, 2.5 and 3.33
-times the tokens of one, each sequence at 1, 0.83, 0.63 and 0.42 of its speed alone. n counts
-the sequences running at each moment: each running request has its own clock (Batch,
-RequestClock) that advances at the batch's speed and changes pace as requests join and leave,
-and a request's due times above are read on that clock.
-
-Leaving. A non-streamed answer leaves when the last token of its longest choice is due. A
-streamed answer's chunks leave as their tokens come due: a choice's role chunk with its first
-token (vLLM sends it when the first output arrives), its m content chunks spread evenly over
-its tokens (the j-th with token ceil(j * tokens / m)), its finish chunk with its last token,
-and the usage chunk after everything. Due times are counted from the start, never from the
-previous write, so a late wake-up does not push the rest back (no drift): whatever is due by
-then leaves together, text deltas of one choice merged into one chunk (the `text` of
-/v1/completions chunks likewise), as vLLM merges the outputs a slow reader has not collected
-yet. Writes are at least WRITE_INTERVAL apart (the last one never waits), which bounds the
-work per stream on a busy machine without moving the time the answer ends. Usage counts
-tokens, so merged chunks change no figure a benchmark reports.
+A non-streamed answer leaves when the last token of its longest choice is made. A streamed
+answer's chunks leave as their tokens are made: a choice's role chunk with its first token
+(vLLM sends it when the first output arrives), its m content chunks spread evenly over its
+tokens (the j-th with token ceil(j * tokens / m)), its finish chunk with its last token, and the
+usage chunk after everything. A handler reads when its tokens are made from the engine's steps
+projected until every request known is answered (engine_steps.LiveEngine); a request that
+arrives later may move them later, never earlier, and the handler reads them again. Times are
+those of the steps, never counted from the previous write, so a late wake-up does not push the
+rest back (no drift): whatever is due by then leaves together, text deltas of one choice merged
+into one chunk (the `text` of /v1/completions chunks likewise), as vLLM merges the outputs a slow
+reader has not collected yet. Writes are at least WRITE_INTERVAL apart (the last one never
+waits), which bounds the work per stream on a busy machine without moving the time the answer
+ends. Usage counts tokens, so merged chunks change no figure a benchmark reports.
 
 Rates (environment of the stand-in; a sequence running alone):
 
-    BIV100_STANDIN_PREFILL_TPS   prompt tokens per second          (default 60000)
-    BIV100_STANDIN_DECODE_TPS    output tokens per second          (default 6000)
+    BIV100_STANDIN_PREFILL_TPS   prompt tokens per second                   (default 200000)
+    BIV100_STANDIN_DECODE_TPS    output tokens per second                   (default 6000)
+    BIV100_STANDIN_STEP_SECONDS  what a step reading prompt tokens costs    (default 0.008)
+                                 beside them
 
-Noise. A real engine's requests do not all take the same time. With BIV100_STANDIN_JITTER = j
-(a fraction, 0 <= j < 1, default 0: none), each request runs (1 + u) times as long as the rates
-say, its prefill (step costs included) and its decode alike, u drawn uniformly from [-j, +j] by
-a random.Random seeded with BIV100_STANDIN_SEED (an integer, default 0), one draw per request in
-the order requests start running. The same seed, load and order give the same draws, so a test
-of a canary's analysis knows the spread its samples have; the rates set a host's mean (a slower
-canary is a lower BIV100_STANDIN_DECODE_TPS in its engine_env) and the jitter its noise.
+Noise. A real engine's steps do not all take the same time. With BIV100_STANDIN_JITTER = j (a
+fraction, 0 <= j < 1, default 0: none), each step runs (1 + u) times as long as the rates say, u
+drawn uniformly from [-j, +j] by a generator seeded with BIV100_STANDIN_SEED (an integer,
+default 0) and the step's number, so that the same seed and load give the same draws.
 
 Fragmentation
 -------------
@@ -153,8 +174,8 @@ Fragmentation
 A long prompt (over FRAGMENTATION_PROMPT_TOKENS = 1024 tokens) asks, at its prefill, for one
 block of 1.95 GiB. PyTorch's caching allocator splits its large cached blocks for smaller
 requests unless told not to, so while one request with a long prompt runs, a second one that
-starts running finds no block that large: torch.OutOfMemoryError in the log, and the request
-fails at once, "CUDA out of memory. Tried to allocate 1.95 GiB": a 500 when not streamed, the
+begins finds no block that large: torch.OutOfMemoryError in the log, and the request fails as
+it begins, "CUDA out of memory. Tried to allocate 1.95 GiB": a 500 when not streamed, the
 stream's last event before [DONE] when streamed (its 200 headers are gone already; vLLM's
 create_streaming_error_response, BadRequestError 400). The engine serves on.
 PYTORCH_CUDA_ALLOC_CONF, as the stand-in receives it, removes this with expandable_segments:True,
@@ -168,56 +189,53 @@ time (max_num_seqs 1, or requests that do not overlap) never fails; short prompt
 Predictions
 -----------
 
-predicted_throughput gives what `concurrency` clients measure that each send the next request
-when the last is answered: with n = min(concurrency, max_num_seqs, sequences of p + o tokens the
-KV cache holds) running and T the request's time alone,
+predicted_score plays a bench on the same steps at once (engine_steps.closed_loop): `clients`
+clients that each send the next request when the last is answered, from an idle engine; it gives
+the weighted score (0.83 x output tokens/s + 0.17 x input tokens/s), every request's TTFT, TPOT
+and E2E as vLLM's bench defines them, or what fails instead: the start, prompts beyond
+max_model_len, or long prompts side by side on an allocator that fragments.
 
-    input  = n x p / (T x (1 + alpha (n - 1)))     output = n x o / (T x (1 + alpha (n - 1)))
+At the lab's rates (inventory/lab/group_vars/biv100.yml: 200000 and 6000) and Sub168, the
+lab's default bench (files/bench/default.yml: 24 prompts of about 1024 tokens answered with 128
+to 256 tokens, 8 in flight of which Sub168 runs two) is predicted at 10,503: 31 % above the
+throughput gate's 8,000. Measured over loopback, each request also pays for its HTTP round trip
+and the client's work (a few ms beside some 60 ms of simulated time); the gate sees about
+10,000. A probe notices nothing (a 100-token answer takes about 25 ms, a 12,000-token prompt
+0.1 s). The same load at max_num_seqs 1, 4, 8 scores 7,442, 13,530 and 15,679: throughput grows
+with the sequences side by side, and so does the time per output token.
 
-and predicted_score the weighted score (0.83 x output tokens/s + 0.17 x input tokens/s) of a
-setting (engine_args as the engine role takes them, the engine's environment, the model's
-config: the lab's Qwen3.5 by default) for requests of p prompt and o output tokens, with as
-many clients as max_num_seqs unless told how many (the lab's bench offers 8: clients beyond
-max_num_seqs wait, which changes no throughput), or what fails instead: the start, prompts
-beyond max_model_len, or long prompts side by side on an allocator that fragments.
+The optimum. With a latency limit the best setting lies inside the space. The tuning tests'
+bench (tests/integration/data/long_prompts.yml: 16 prompts of about 7,000 tokens answered with
+256, 8 in flight) over the shipped space (files/tune/default.yml) at gpu_memory_utilization 0.95
+scores, with expandable segments (without them 8192 batched tokens do not start):
 
-At the lab's rates (inventory/lab/group_vars/biv100.yml: 60000 and 6000) and Sub168 the lab's
-default bench load (files/bench/default.yml: prompts of about 1024 tokens answered with 128 to
-256 tokens, 8 in flight of which Sub168 runs two) is predicted at 10,135 (256 tokens) to 11,062 (128 tokens), 10,505 at
-192: 27 to 38 % above the throughput gate's 8,000. Measured over loopback, each request also
-pays for its HTTP round trip and the client's work (a few ms beside 50 to 80 ms of simulated
-time), which costs about 4 %: the gate sees about 10,000, some 25 % above it. A probe notices
-nothing (a 100-token answer takes about 25 ms, a 12,000-token prompt 0.21 s). The rates keep the
-ratio 10:1 so that the score hardly depends on the answer length.
+    max_num_seqs   2048 batched tokens    4096                   8192
+    2              15,811  TPOT p99 0.41  18,301  0.40          20,454  0.37
+    4              17,491           0.97  20,747  0.87          23,355  0.77
+    8              18,458           2.10  22,485  1.76          25,354  1.57
 
-Other settings, same load (p 1024, o 192): max_num_seqs 1, 4, 8 score 6,303, 15,758, 21,011;
-max_num_batched_tokens 2048 or 8192 score as 4096 (one chunk holds the prompt). Over
-max_num_seqs {1, 2, 4, 8} x max_num_batched_tokens {2048, 4096, 8192} x gpu_memory_utilization
-{0.85, 0.9, 0.95} the best feasible score, 21,011, is max_num_seqs 8 with (2048 or 4096, 0.9) or
-(any, 0.95), all equal. With 6000-token prompts (o 256) the chunk decides: max_num_seqs 8 scores
-26,591, 27,297 and 28,043 with 2048, 4096 and 8192 batched tokens, the last only at 0.95 (Sub168
-itself: 13,649).
+Under a TPOT p99 limit of 1.2 ms (the tuning test's) eight sequences are out, and the best is
+max_num_seqs 4 with 8192 batched tokens and expandable segments, 12 % above the next (max_num_seqs
+4 at 4096, and 2 at 8192); test_tune.py asserts the tuner finds it. Without a limit, more
+sequences side by side always score more at a fixed load: the stand-in never preempts.
 """
 
 import collections
 import math
 import random
-import threading
 import time
 
-from . import memory_model, settings, startup
+from . import engine_steps, memory_model, settings, startup
+from .engine_steps import BATCH_SLOWDOWN, STEP_SECONDS  # noqa: F401 (the model's constants, read here)
 
 PREFILL_TPS_VARIABLE = "BIV100_STANDIN_PREFILL_TPS"
 DECODE_TPS_VARIABLE = "BIV100_STANDIN_DECODE_TPS"
+STEP_SECONDS_VARIABLE = "BIV100_STANDIN_STEP_SECONDS"
 JITTER_VARIABLE = "BIV100_STANDIN_JITTER"
 SEED_VARIABLE = "BIV100_STANDIN_SEED"
 BREAK_VARIABLE = "BIV100_STANDIN_BREAK"
-DEFAULT_PREFILL_TPS = 60000.0
+DEFAULT_PREFILL_TPS = 200000.0
 DEFAULT_DECODE_TPS = 6000.0
-# What each engine step costs beside its tokens: a prompt pays it once per chunk.
-STEP_SECONDS = 0.004
-# alpha: n sequences running side by side each run at 1 / (1 + alpha (n - 1)) of their speed alone.
-BATCH_SLOWDOWN = 0.2
 # At most 200 writes a second per stream: tokens due in between leave together.
 WRITE_INTERVAL = 0.005
 # The throughput gate's weights.
@@ -233,32 +251,32 @@ class RateError(ValueError):
 
 class Rates:
     """A sequence's speed alone: prefill and decode tokens per second, the prefill's chunk and
-    step cost, and the requests' noise. Its seconds are a request's own (see Batch)."""
+    step cost, and the steps' noise (engine_steps.py plays the steps)."""
 
     def __init__(self, prefill_tps=DEFAULT_PREFILL_TPS, decode_tps=DEFAULT_DECODE_TPS, jitter=0.0,
                  seed=0, prefill_chunk=None, step_seconds=STEP_SECONDS):
         self.prefill_tps = float(prefill_tps)
         self.decode_tps = float(decode_tps)
         self.jitter = float(jitter)
+        self.seed = int(seed)
         self.prefill_chunk = prefill_chunk  # None: a whole prompt in one step
         self.step_seconds = float(step_seconds)
-        self._draws = random.Random(seed)
-        self._drawing = threading.Lock()
 
     @classmethod
     def from_environ(cls, environ, prefill_chunk=None):
         return cls(_rate(environ, PREFILL_TPS_VARIABLE, DEFAULT_PREFILL_TPS),
                    _rate(environ, DECODE_TPS_VARIABLE, DEFAULT_DECODE_TPS),
-                   _jitter(environ), _seed(environ), prefill_chunk)
+                   _jitter(environ), _seed(environ), prefill_chunk,
+                   _setting(environ, STEP_SECONDS_VARIABLE, STEP_SECONDS, float,
+                            lambda value: 0 <= value < 1, "a number of seconds in [0, 1)"))
 
-    def for_request(self):
-        """The rates one request runs at: these, slowed or sped up by its draw of the noise."""
+    def stretch(self, step):
+        """How much longer (or shorter) step number `step` runs than the rates say: 1 + u, u drawn
+        uniformly from [-jitter, +jitter] by a generator seeded with the seed and the step's
+        number, so that the same seed and load give the same draws."""
         if not self.jitter:
-            return self
-        with self._drawing:  # requests start on several threads; the draws keep their order
-            stretch = 1 + self._draws.uniform(-self.jitter, self.jitter)
-        return Rates(self.prefill_tps / stretch, self.decode_tps / stretch,
-                     prefill_chunk=self.prefill_chunk, step_seconds=self.step_seconds * stretch)
+            return 1.0
+        return 1.0 + random.Random(self.seed * 1000003 + step).uniform(-self.jitter, self.jitter)
 
     def prefill_steps(self, prompt_tokens):
         if not self.prefill_chunk:
@@ -270,16 +288,17 @@ class Rates:
                 + prompt_tokens / self.prefill_tps)
 
     def token_due(self, prompt_tokens, token):
-        """Seconds from the start of running until output token `token` (from 1) is due."""
+        """Seconds from the start of running until output token `token` (from 1) is due, for a
+        request alone in the engine."""
         return self.prefill_seconds(prompt_tokens) + (max(token, 1) - 1) / self.decode_tps
 
     def request_seconds(self, prompt_tokens, output_tokens):
-        """Seconds a request runs: until its last token. A sequence makes at least one token."""
+        """Seconds a request alone runs: until its last token. A sequence makes at least one token."""
         return self.token_due(prompt_tokens, output_tokens)
 
     def __repr__(self):
         chunk = f", prefill_chunk={self.prefill_chunk}" if self.prefill_chunk else ""
-        noise = f", jitter={self.jitter:g}" if self.jitter else ""
+        noise = f", jitter={self.jitter:g}, seed={self.seed}" if self.jitter else ""
         return (f"Rates(prefill_tps={self.prefill_tps:g}, decode_tps={self.decode_tps:g}"
                 f"{chunk}, step_seconds={self.step_seconds:g}{noise})")
 
@@ -317,207 +336,99 @@ def sequences_of(n, max_num_seqs):
     return max(1, min(n, max_num_seqs))
 
 
-def batch_speed(sequences, slowdown=BATCH_SLOWDOWN):
-    """The share of its speed alone each of `sequences` running side by side keeps."""
-    return 1.0 / (1.0 + slowdown * max(sequences - 1, 0))
-
-
-# ---- what a load of fixed-size requests measures --------------------------------------------
-
-def predicted_throughput(rates, prompt_tokens, output_tokens, concurrency, max_num_seqs,
-                         kv_cache_tokens=None):
-    """(input tokens/s, output tokens/s) of `concurrency` clients that each send the next request
-    when the last is answered, every request of one choice. Clients beyond what runs at once
-    (max_num_seqs, and the sequences the KV cache holds) only wait in the queue."""
-    running = running_sequences(prompt_tokens, output_tokens, concurrency, max_num_seqs,
-                                kv_cache_tokens)
-    seconds = rates.request_seconds(prompt_tokens, output_tokens) / batch_speed(running)
-    return running * prompt_tokens / seconds, running * output_tokens / seconds
-
-
-def running_sequences(prompt_tokens, output_tokens, concurrency, max_num_seqs,
-                      kv_cache_tokens=None):
-    running = min(concurrency, max_num_seqs)
-    if kv_cache_tokens:
-        running = min(running, max(1, int(kv_cache_tokens // (prompt_tokens + output_tokens))))
-    return running
-
-
 def weighted_score(input_tps, output_tps):
     return OUTPUT_WEIGHT * output_tps + INPUT_WEIGHT * input_tps
 
 
-Prediction = collections.namedtuple("Prediction", "score input_tps output_tps running refused")
+def engine_for(engine, plan, rates, environ, start=0.0):
+    """The EngineSteps of a stand-in run with these settings (settings.EngineSettings), its
+    memory (memory_model.MemoryPlan), rates and environment."""
+    fragments = (environ.get(BREAK_VARIABLE) == "fragmentation"
+                 or memory_model.allocator_fragments(engine.allocator_conf))
+    return engine_steps.EngineSteps(rates, engine.max_num_seqs, engine.max_num_batched_tokens,
+                                    engine.chunked_prefill, plan.kv_tokens, fragments,
+                                    memory_model.fragmentation_message(), start=start)
+
+
+def work_of(prompt_tokens, choice_tokens, max_num_seqs):
+    """The engine's Work for a request of these tokens (every choice's completion tokens)."""
+    return engine_steps.Work(prompt_tokens, choice_tokens, sequences_of(len(choice_tokens), max_num_seqs),
+                             prompt_tokens + sum(choice_tokens), memory_model.is_long_prompt(prompt_tokens))
+
+
+# `latencies` is {"ttft_ms", "tpot_ms", "e2e_ms": every request's, in ms, as vLLM's bench
+# defines them}; `refused` the message of what fails instead of the bench, else None.
+Prediction = collections.namedtuple("Prediction", "score input_tps output_tps latencies refused")
+
+# The requests a prediction plays when not told: the lab's default bench measures 24.
+PREDICTED_REQUESTS = 24
 
 
 def predicted_score(engine_args, prompt_tokens, output_tokens, environ=None, model_config=None,
-                    concurrency=None):
-    """What a bench of `concurrency` clients (default: max_num_seqs, as the bench runs) with
-    requests of these lengths measures on a stand-in launched with `engine_args` (snake_case, as
-    the engine role takes them) and `environ` (its environment: the BIV100_STANDIN_* rates,
-    PYTORCH_CUDA_ALLOC_CONF), serving `model_config` (default: the lab's Qwen3.5).
+                    concurrency=None, requests=PREDICTED_REQUESTS):
+    """What a bench measures on a stand-in launched with `engine_args` (snake_case, as the
+    engine role takes them) and `environ` (its environment: the BIV100_STANDIN_* rates,
+    PYTORCH_CUDA_ALLOC_CONF), serving `model_config` (default: the lab's Qwen3.5): `concurrency`
+    clients (default max_num_seqs) that each send the next request when the last is answered,
+    `requests` of them, of `prompt_tokens` and `output_tokens` (one number, or a list the
+    requests take in turn), from an idle engine, played by the engine's own steps.
 
-    A Prediction: the weighted score and its rates, the sequences running at once, and
-    `refused`, the message of what fails instead (the start, or the bench's requests), else None.
+    A Prediction: the weighted score and its rates, every request's latencies, and `refused`,
+    the message of what fails instead (the start, or the bench's requests), else None.
     """
     environ = dict(environ or {})
     model_config = memory_model.LAB_QWEN3_5_CONFIG if model_config is None else model_config
+    outputs = list(output_tokens) if isinstance(output_tokens, (list, tuple)) else [output_tokens]
+    failed = Prediction(None, None, None, None, None)
     try:
         engine = settings.from_engine_args(engine_args, model_config, environ)
         plan = memory_model.MemoryPlan(memory_model.ModelShape.from_config(model_config), engine)
         plan.check()
         rates = Rates.from_environ(environ, engine.prefill_chunk)
     except (startup.StartupError, memory_model.StartFailure, RateError) as error:
-        return Prediction(None, None, None, 0, str(error))
-    clients = engine.max_num_seqs if concurrency is None else concurrency
-    running = running_sequences(prompt_tokens, output_tokens, clients, engine.max_num_seqs,
-                                plan.kv_tokens)
-    if prompt_tokens + output_tokens > engine.max_model_len:
-        return Prediction(None, None, None, running, (
+        return failed._replace(refused=str(error))
+    if prompt_tokens + max(outputs) > engine.max_model_len:
+        return failed._replace(refused=(
             f"This model's maximum context length is {engine.max_model_len} tokens: a request "
-            f"of {prompt_tokens} + {output_tokens} tokens is refused"))
-    fragments = (environ.get(BREAK_VARIABLE) == "fragmentation"
-                 or memory_model.allocator_fragments(engine.allocator_conf))
-    if fragments and running > 1 and memory_model.is_long_prompt(prompt_tokens):
-        return Prediction(None, None, None, running, (
-            f"{memory_model.fragmentation_message()}: prompts over "
-            f"{memory_model.FRAGMENTATION_PROMPT_TOKENS} tokens side by side on an allocator "
-            f"that fragments (PYTORCH_CUDA_ALLOC_CONF={engine.allocator_conf!r})"))
-    input_tps, output_tps = predicted_throughput(rates, prompt_tokens, output_tokens, clients,
-                                                 engine.max_num_seqs, plan.kv_tokens)
-    return Prediction(weighted_score(input_tps, output_tps), input_tps, output_tps, running, None)
+            f"of {prompt_tokens} + {max(outputs)} tokens is refused"))
+    steps = engine_for(engine, plan, rates, environ)
+    works = [work_of(prompt_tokens, [outputs[number % len(outputs)]], engine.max_num_seqs)
+             for number in range(requests)]
+    measured = engine_steps.closed_loop(steps, works, engine.max_num_seqs if concurrency is None else concurrency)
+    refused = [work.failed[1] for work in measured.works if work.failed]
+    if refused:
+        return failed._replace(refused=(
+            f"{refused[0]}: prompts over {memory_model.FRAGMENTATION_PROMPT_TOKENS} tokens side by "
+            f"side on an allocator that fragments (PYTORCH_CUDA_ALLOC_CONF={engine.allocator_conf!r})"))
+    input_tps, output_tps = measured.input_tokens / measured.seconds, measured.output_tokens / measured.seconds
+    latencies = {"ttft_ms": [1000 * (work.times[0] - work.arrived) for work in measured.works],
+                 # vLLM's bench leaves out a request of one token, which has no time per token.
+                 "tpot_ms": [1000 * (work.times[-1] - work.times[0]) / (len(work.times) - 1)
+                             for work in measured.works if len(work.times) > 1],
+                 "e2e_ms": [1000 * (work.times[-1] - work.arrived) for work in measured.works]}
+    return Prediction(weighted_score(input_tps, output_tps), input_tps, output_tps, latencies, None)
 
 
-# ---- the batch --------------------------------------------------------------------------------
-
-class Batch:
-    """The sequences running side by side, and each running request's own clock: the seconds
-    of Rates it has done, which pass at batch_speed of the sequences running."""
-
-    def __init__(self, slowdown=BATCH_SLOWDOWN, clock=time.monotonic):
-        self.slowdown = slowdown
-        self.sequences = 0
-        self._clock = clock
-        self._clocks = set()
-        self._changed = threading.Condition()
-
-    def speed(self):
-        return batch_speed(self.sequences, self.slowdown)
-
-    def join(self, count, start):
-        """`count` sequences of a request that started running at `start` join the batch:
-        its RequestClock."""
-        with self._changed:
-            self._rebase()
-            self.sequences += count
-            request = RequestClock(self, count, start)
-            self._clocks.add(request)
-            self._changed.notify_all()
-        return request
-
-    def leave(self, request):
-        with self._changed:
-            self._rebase()
-            self._clocks.discard(request)
-            self.sequences -= request.count
-            self._changed.notify_all()  # the others' sleeps end at their new speed
-
-    def elapsed(self, request):
-        with self._changed:
-            return request.done_by(self._clock(), self.speed())
-
-    def wait(self, seconds):
-        """Wait `seconds` of a running request's own time, or until the batch changes."""
-        with self._changed:
-            self._changed.wait(max(seconds, 0) / self.speed())
-
-    def _rebase(self):
-        """Every running request's work so far, at the speed it had: the speed is changing."""
-        now, speed = self._clock(), self.speed()
-        for request in self._clocks:
-            request.rebase(now, speed)
-
-
-class RequestClock:
-    """A running request's own time: the seconds of its Rates done so far."""
-
-    def __init__(self, batch, count, start):
-        self.batch = batch
-        self.count = count
-        self.since = start
-        self.done = 0.0
-
-    def done_by(self, now, speed):
-        return self.done + (now - self.since) * speed
-
-    def rebase(self, now, speed):
-        self.done, self.since = self.done_by(now, speed), now
-
-    def elapsed(self):
-        return self.batch.elapsed(self)
-
-    def sleep(self, seconds):
-        """Wait until `seconds` of own time have passed, or the batch changed."""
-        self.batch.wait(seconds)
-
-
-# ---- the queue --------------------------------------------------------------------------------
-
-class SequenceSlots:
-    """max_num_seqs slots and the KV cache's tokens, handed out first come first served."""
-
-    def __init__(self, capacity, token_capacity=None):
-        self.capacity = capacity
-        self.token_capacity = token_capacity
-        self.used = 0
-        self.tokens_used = 0
-        self._line = collections.deque()
-        self._changed = threading.Condition()
-
-    @property
-    def waiting(self):
-        return len(self._line)
-
-    def _fitted(self, count, tokens):
-        """A request's claim within what there is: a request larger than the engine runs alone."""
-        return min(count, self.capacity), min(tokens, self.token_capacity or 0)
-
-    def acquire(self, count, tokens=0):
-        """Take `count` slots and `tokens` of the KV cache; True when that meant waiting."""
-        count, tokens = self._fitted(count, tokens)
-        ticket, waited = object(), False
-        with self._changed:
-            self._line.append(ticket)
-            try:
-                while (self._line[0] is not ticket or self.used + count > self.capacity
-                       or self.tokens_used + tokens > (self.token_capacity or 0)):
-                    waited = True
-                    self._changed.wait()
-            except BaseException:
-                self._line.remove(ticket)  # a request that gives up leaves the line
-                self._changed.notify_all()
-                raise
-            self._line.popleft()
-            self.used += count
-            self.tokens_used += tokens
-            self._changed.notify_all()  # the next in line may fit as well
-        return waited
-
-    def release(self, count, tokens=0):
-        count, tokens = self._fitted(count, tokens)
-        with self._changed:
-            self.used -= count
-            self.tokens_used -= tokens
-            self._changed.notify_all()
+def percentile(values, share):
+    """numpy's default (linear) percentile, as vLLM's bench computes its p99."""
+    ordered = sorted(values)
+    if not ordered:
+        return 0.0
+    position = (len(ordered) - 1) * share / 100.0
+    low = math.floor(position)
+    high = min(low + 1, len(ordered) - 1)
+    return ordered[low] + (ordered[high] - ordered[low]) * (position - low)
 
 
 # ---- a streamed answer's chunks on the schedule ----------------------------------------------
 
-def stream_schedule(chunks, prompt_tokens, choice_tokens, rates):
-    """[(due seconds, the choice's tokens out by then, chunk)] in the order the chunks leave.
+def stream_schedule(chunks, choice_tokens):
+    """[(token, the choice's tokens out by then, chunk)] in the order the chunks leave: each
+    chunk leaves once its choice's token `token` (from 1) is made.
 
     `chunks` are a streamed answer's chunk objects in the order the answer writes them,
-    `choice_tokens` every choice's completion tokens.
+    `choice_tokens` every choice's completion tokens; the chunks after the choices' (usage) wait
+    for the last token of the longest.
     """
     # The finish chunk carries the choice's last delta (chat.stream_chunks): it is the last of
     # the chunks the choice's tokens are spread over, due with the last token.
@@ -525,12 +436,12 @@ def stream_schedule(chunks, prompt_tokens, choice_tokens, rates):
                                  if _kind(chunk) == "delta"
                                  or (_kind(chunk) == "finish" and chunk["choices"][0].get("delta")))
     seen = collections.Counter()
-    last_due = max(rates.token_due(prompt_tokens, tokens) for tokens in choice_tokens or [1])
+    last = max(choice_tokens or [1])
     planned = []
     for order, chunk in enumerate(chunks):
         kind = _kind(chunk)
         if kind == "after":
-            token, out, due = None, None, last_due
+            token, out = last, None
         else:
             total = choice_tokens[_choice_index(chunk)]
             if kind == "role":
@@ -542,10 +453,9 @@ def stream_schedule(chunks, prompt_tokens, choice_tokens, rates):
                 token = math.ceil(seen[_choice_index(chunk)] * total
                                   / deltas[_choice_index(chunk)])
                 out = token
-            due = rates.token_due(prompt_tokens, token)
-        planned.append((due, order, out, chunk))
+        planned.append((max(token, 1), order, out, chunk))
     planned.sort(key=lambda entry: entry[:2])
-    return [(due, out, chunk) for due, _order, out, chunk in planned]
+    return [(token, out, chunk) for token, _order, out, chunk in planned]
 
 
 def _kind(chunk):
@@ -573,34 +483,38 @@ def _choice_index(chunk):
     return chunk["choices"][0].get("index", 0)
 
 
-def paced(schedule, start, write_interval=WRITE_INTERVAL, clock=time.monotonic,
-          sleep=time.sleep):
+def paced(schedule, due, write_interval=WRITE_INTERVAL, clock=time.monotonic, sleep=time.sleep):
     """Batches of a schedule's entries, each yielded when its entries are due.
 
-    `schedule` is [(due seconds after `start`, ...)] sorted by due time. Every entry due by a
-    wake-up goes in that wake-up's batch; after a batch the next wake-up is at least
-    `write_interval` later, except for the last entry, which waits for nothing but its own time.
+    `schedule` is [(token, ...)] sorted by token, `due(token)` the clock's time at which the
+    token is made (it may move later between calls, never earlier: a request that arrives
+    meanwhile is read in steps the others wait for). Every entry due by a wake-up goes in that
+    wake-up's batch; after a batch the next wake-up is at least `write_interval` later, except
+    for the last entry, which waits for nothing but its own time. `sleep(seconds)` may return
+    early (LiveEngine.wait wakes at every arrival): the times are read again.
     """
-    if not schedule:
-        return
-    position, final_due, not_before = 0, schedule[-1][0], 0.0
+    position, not_before = 0, None
     while position < len(schedule):
-        now = clock() - start
-        wake = min(max(schedule[position][0], not_before), final_due)
+        now = clock()
+        final_due = due(schedule[-1][0])
+        wake = min(max(due(schedule[position][0]), not_before or 0.0), final_due)
         if now < wake:
             sleep(wake - now)
             continue
         end = position
-        while end < len(schedule) and schedule[end][0] <= now:
+        while end < len(schedule) and due(schedule[end][0]) <= now:
             end += 1
+        if end == position:
+            continue  # an arrival moved the entry later since `wake` was read
         yield schedule[position:end]
         position = end
         not_before = now + write_interval
 
 
-def sleep_until(deadline, clock=time.monotonic, sleep=time.sleep):
+def wait_until(deadline, clock=time.monotonic, sleep=time.sleep):
+    """Return once the time `deadline()` names (which may move later) has passed."""
     while True:
-        left = deadline - clock()
+        left = deadline() - clock()
         if left <= 0:
             return
         sleep(left)

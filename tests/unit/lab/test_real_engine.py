@@ -106,10 +106,10 @@ def test_the_lab_runs_the_real_engine_on_the_hosts_named():
     assert lab._parse_hosts("none") == [] and lab._parse_hosts("h2, h4") == ["h2", "h4"]
 
 
-def test_the_real_engine_group_runs_sub168_with_one_rank_gated_on_the_protocol_probes():
+def test_the_real_engine_group_runs_sub168_with_one_rank_and_short_chunks_gated_on_the_protocol_probes():
     settings = yaml.safe_load((REPO / "inventory" / "lab" / "group_vars" / "lab_real_engine.yml").read_text())
     assert "engine_args" not in settings and settings["engine_args_overrides"] == {
-        "tensor_parallel_size": 1, "guided_decoding_backend": "xgrammar",
+        "tensor_parallel_size": 1, "max_num_batched_tokens": 1024, "guided_decoding_backend": "xgrammar",
         "guided_decoding_disable_any_whitespace": True,
         "middleware": f"{real_engine.MARKER_MODULE}.{simulated_marker.mark_simulated.__name__}"}
     assert SUB168["tensor_parallel_size"] == 4

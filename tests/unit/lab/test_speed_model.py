@@ -8,7 +8,7 @@ import threading
 import time
 
 import pytest
-from engine_standin import chat, sampling, speed_model
+from engine_standin import chat, engine_steps, sampling, speed_model
 from engine_standin import simulated_model as model
 from engine_standin.server import SIMULATED_HEADER
 
@@ -45,7 +45,7 @@ def test_a_prompt_is_prefilled_in_chunks_each_paying_the_step():
 
 def test_rates_come_from_the_environment_with_defaults():
     defaults = speed_model.Rates.from_environ({})
-    assert (defaults.prefill_tps, defaults.decode_tps) == (60000, 6000)
+    assert (defaults.prefill_tps, defaults.decode_tps) == (200000, 6000)
     assert (defaults.prefill_chunk, defaults.step_seconds) == (None, speed_model.STEP_SECONDS)
     assert speed_model.Rates.from_environ({}, prefill_chunk=4096).prefill_chunk == 4096
     custom = speed_model.Rates.from_environ({"BIV100_STANDIN_PREFILL_TPS": "2000",
@@ -61,9 +61,9 @@ def test_rates_must_be_positive_numbers(value):
 
 def test_the_noise_and_its_seed_come_from_the_environment_with_none_by_default():
     quiet = speed_model.Rates.from_environ({})
-    assert quiet.jitter == 0 and quiet.for_request() is quiet
+    assert quiet.jitter == 0 and {quiet.stretch(step) for step in range(100)} == {1.0}
     noisy = speed_model.Rates.from_environ({"BIV100_STANDIN_JITTER": "0.1", "BIV100_STANDIN_SEED": "7"})
-    assert noisy.jitter == 0.1 and noisy.for_request() is not noisy
+    assert (noisy.jitter, noisy.seed) == (0.1, 7) and noisy.stretch(1) != 1.0
 
 
 @pytest.mark.parametrize(("name", "value"), [("BIV100_STANDIN_JITTER", "-0.1"), ("BIV100_STANDIN_JITTER", "1"),
@@ -73,115 +73,14 @@ def test_the_noise_must_be_a_fraction_and_its_seed_an_integer(name, value):
         speed_model.Rates.from_environ({name: value})
 
 
-def test_each_request_draws_its_stretch_within_the_jitter_and_a_seed_repeats_the_draws():
-    def durations(seed):
-        rates = speed_model.Rates(prefill_tps=1000, decode_tps=100, jitter=0.1, seed=seed)
-        return [rates.for_request().request_seconds(500, 11) for _request in range(400)]
-
-    base = speed_model.Rates(prefill_tps=1000, decode_tps=100).request_seconds(500, 11)  # 0.6 s
-    first = durations(seed=1)
-    assert durations(seed=1) == first and durations(seed=2) != first
-    assert all(base * 0.9 <= seconds <= base * 1.1 for seconds in first)
-    # Spread over the whole interval, centred on the rates' own time.
-    assert min(first) < base * 0.92 and max(first) > base * 1.08
-    assert sum(first) / len(first) == pytest.approx(base, rel=0.01)
-
-
-def test_throughput_of_a_closed_loop_load():
-    rates = speed_model.Rates(prefill_tps=1000, decode_tps=100, step_seconds=0)
-    # Alone, 500 prompt tokens in 0.5 s, then 11 tokens in 0.1 s more; two run at once, each
-    # at 1 / 1.2 of that.
-    assert speed_model.predicted_throughput(rates, 500, 11, 2, 2) == \
-        pytest.approx((2 * 500 / 0.72, 2 * 11 / 0.72))
-    # Clients beyond max_num_seqs wait: the engine does not go faster.
-    assert speed_model.predicted_throughput(rates, 500, 11, 3, 2) == \
-        speed_model.predicted_throughput(rates, 500, 11, 2, 2)
+def test_the_weighted_score_is_the_competitions():
     assert speed_model.weighted_score(1000, 100) == pytest.approx(0.83 * 100 + 0.17 * 1000)
-
-
-def test_aggregate_decode_grows_with_the_batch_while_each_sequence_slows():
-    assert speed_model.batch_speed(1) == 1
-    assert speed_model.batch_speed(2) == pytest.approx(1 / 1.2)
-    assert speed_model.batch_speed(8) == pytest.approx(1 / 2.4)
-    per_sequence = [6000 * speed_model.batch_speed(running) for running in range(1, 9)]
-    aggregate = [running * rate for running, rate in enumerate(per_sequence, start=1)]
-    assert per_sequence == sorted(per_sequence, reverse=True) and len(set(per_sequence)) == 8
-    assert aggregate == sorted(aggregate) and len(set(aggregate)) == 8
-    # Sublinear: eight sequences make 3.33 times one's tokens, not 8.
-    assert aggregate[7] == pytest.approx(aggregate[0] * 8 / 2.4)
-    # A closed loop measures the same: more clients, more tokens, each request slower.
-    rates = speed_model.Rates(step_seconds=0)
-    loads = [speed_model.predicted_throughput(rates, 1000, 200, running, 8)
-             for running in (1, 2, 4, 8)]
-    assert [output for _input, output in loads] == pytest.approx(
-        [running * 200 / (rates.request_seconds(1000, 200) / speed_model.batch_speed(running))
-         for running in (1, 2, 4, 8)])
-
-
-def test_the_kv_cache_bounds_the_sequences_running():
-    # 289168 tokens of KV cache (Sub168's) hold two sequences of 100256 tokens, not eight.
-    assert speed_model.running_sequences(100000, 256, 8, 8, 289168) == 2
-    assert speed_model.running_sequences(1024, 192, 8, 8, 289168) == 8
-    assert speed_model.running_sequences(300000, 256, 8, 8, 289168) == 1  # it runs, alone
-    rates = speed_model.Rates()
-    assert speed_model.predicted_throughput(rates, 100000, 256, 8, 8, 289168) == \
-        speed_model.predicted_throughput(rates, 100000, 256, 2, 2)
-
-
-def test_a_requests_clock_runs_at_the_batchs_speed_from_its_start():
-    now = [0.0]
-    batch = speed_model.Batch(slowdown=0.2, clock=lambda: now[0])
-    first = batch.join(1, start=0.0)
-    now[0] = 1.0
-    assert first.elapsed() == pytest.approx(1.0)
-    second = batch.join(1, start=1.0)  # two running: each at 1 / 1.2
-    now[0] = 2.2
-    assert (first.elapsed(), second.elapsed()) == pytest.approx((2.0, 1.0))
-    batch.leave(second)  # alone again: full speed from here
-    now[0] = 3.2
-    assert first.elapsed() == pytest.approx(3.0)
-    assert batch.sequences == 1
-    pair = batch.join(2, start=3.2)  # a request of two choices is two sequences
-    now[0] = 4.6
-    assert first.elapsed() == pytest.approx(3.0 + 1.4 / 1.4) and batch.sequences == 3
-    assert pair.elapsed() == pytest.approx(1.0)
-
-
-def test_a_sleeping_request_wakes_when_the_batch_changes():
-    batch = speed_model.Batch()
-    alone = batch.join(1, start=time.monotonic())
-    woke = threading.Event()
-
-    def sleep_long():
-        alone.sleep(30)
-        woke.set()
-
-    sleeper = threading.Thread(target=sleep_long)
-    sleeper.start()
-    time.sleep(0.05)
-    assert not woke.is_set()
-    batch.leave(batch.join(1, start=time.monotonic()))
-    assert woke.wait(5)
-    sleeper.join(5)
-
-
-@pytest.mark.parametrize("output_tokens", [128, 192, 256])
-def test_defaults_clear_the_throughput_gate_with_a_margin(output_tokens):
-    """The lab's default load: 1024-token prompts, two clients, max_num_seqs 2; the request's
-    own HTTP overhead (about 4 %) comes off the measured score."""
-    score = speed_model.weighted_score(*speed_model.predicted_throughput(
-        speed_model.Rates(), 1024, output_tokens, 2, 2))
-    assert 1.25 * 8000 < score < 1.4 * 8000
 
 
 def test_defaults_keep_probe_sized_requests_quick():
     rates = speed_model.Rates()
     assert rates.request_seconds(50, 110) < 0.03
     assert rates.request_seconds(12300, 16) < 0.35  # the long-prompt probes
-
-
-def test_a_request_takes_a_slot_per_choice_within_max_num_seqs():
-    assert [speed_model.sequences_of(n, 2) for n in (1, 2, 3)] == [1, 2, 2]
 
 
 class FakeClock:
@@ -198,11 +97,16 @@ class FakeClock:
         self.now += seconds + self.late
 
 
-def pace(dues, clock, interval=0.005):
-    """[(time yielded, [entries])] of paced() over entries due at `dues`."""
-    schedule = [(due, index) for index, due in enumerate(dues)]
-    return [(clock.now, [index for _due, index in batch])
-            for batch in speed_model.paced(schedule, 0.0, interval, clock.clock, clock.sleep)]
+def pace(dues, clock, interval=0.005, moved=None):
+    """[(time yielded, [entries])] of paced() over entries whose tokens are due at `dues`;
+    `moved(due, now)` may move a due time as the clock goes on."""
+    schedule = [(token, token) for token in range(len(dues))]
+
+    def due(token):
+        return moved(dues[token], clock.now) if moved else dues[token]
+
+    return [(clock.now, [index for _token, index in batch])
+            for batch in speed_model.paced(schedule, due, interval, clock.clock, clock.sleep)]
 
 
 def test_paced_yields_each_entry_when_due_and_groups_within_the_write_interval():
@@ -224,6 +128,15 @@ def test_paced_does_not_drift_when_every_sleep_is_late():
     assert all(dues[index] <= when for when, entries in batches for index in entries)
 
 
+def test_paced_reads_the_due_times_again_when_they_move_later():
+    # From 0.05 on, every entry not yet due is 0.1 s later (a request arrived and is read first).
+    dues = [0.0, 0.04, 0.08, 0.12]
+    batches = pace(dues, FakeClock(), interval=0.0,
+                   moved=lambda due, now: due + 0.1 if now >= 0.05 and due > 0.05 else due)
+    assert [entries for _when, entries in batches] == [[0], [1], [2], [3]]
+    assert [when for when, _entries in batches] == pytest.approx([0.0, 0.04, 0.18, 0.22])
+
+
 def test_paced_holds_nothing_back_past_the_last_due_time():
     clock = FakeClock()
     batches = pace([0.0, 0.001], clock, interval=0.5)
@@ -241,34 +154,30 @@ def chunk(index, delta, finish_reason=None):
 
 
 def test_stream_schedule_spreads_a_choices_chunks_over_its_tokens():
-    rates = speed_model.Rates(prefill_tps=1000, decode_tps=100, step_seconds=0)
     usage = {"id": "chatcmpl-1", "choices": [], "usage": {}}
     chunks = [role(), *[chunk(0, {"content": f" w{k}"}) for k in range(4)],
               chunk(0, {}, "length"), usage]
-    schedule = speed_model.stream_schedule(chunks, 100, [8], rates)
-    # Prefill 0.1 s; the role goes with token 1, the four deltas with tokens 2, 4, 6 and 8.
-    assert [due for due, _out, _chunk in schedule] == pytest.approx(
-        [0.1, 0.11, 0.13, 0.15, 0.17, 0.17, 0.17])
-    assert [out for _due, out, _chunk in schedule] == [0, 2, 4, 6, 8, 8, None]
+    schedule = speed_model.stream_schedule(chunks, [8])
+    # The role goes with token 1, the four deltas with tokens 2, 4, 6 and 8, the usage after all.
+    assert [token for token, _out, _chunk in schedule] == [1, 2, 4, 6, 8, 8, 8]
+    assert [out for _token, out, _chunk in schedule] == [0, 2, 4, 6, 8, 8, None]
     assert schedule[-1][2] is usage
 
 
 def test_stream_schedule_counts_the_finish_chunks_delta_as_the_last_one():
-    rates = speed_model.Rates(prefill_tps=1000, decode_tps=100, step_seconds=0)
     chunks = [role(), *[chunk(0, {"content": f" w{k}"}) for k in range(3)],
               chunk(0, {"content": " w3"}, "length")]
-    schedule = speed_model.stream_schedule(chunks, 100, [8], rates)
+    schedule = speed_model.stream_schedule(chunks, [8])
     # As the answer whose finish chunk comes apart from its last delta: tokens 2, 4, 6 and 8.
-    assert [due for due, _out, _chunk in schedule] == pytest.approx([0.1, 0.11, 0.13, 0.15, 0.17])
-    assert [out for _due, out, _chunk in schedule] == [0, 2, 4, 6, 8]
+    assert [token for token, _out, _chunk in schedule] == [1, 2, 4, 6, 8]
+    assert [out for _token, out, _chunk in schedule] == [0, 2, 4, 6, 8]
 
 
 def test_stream_schedule_interleaves_the_choices():
-    rates = speed_model.Rates(prefill_tps=1000, decode_tps=100, step_seconds=0)
     chunks = [role(0), role(1), chunk(0, {"content": "a"}), chunk(0, {"content": "b"}),
               chunk(0, {}, "stop"), chunk(1, {"content": "c"}), chunk(1, {}, "stop")]
     order = [(entry["choices"][0]["index"], entry["choices"][0]["delta"].get("content"))
-             for _due, _out, entry in speed_model.stream_schedule(chunks, 0, [2, 1], rates)]
+             for _token, _out, entry in speed_model.stream_schedule(chunks, [2, 1])]
     # Token 1: both roles, then a (choice 0's first of two deltas) and all of choice 1.
     assert order == [(0, ""), (1, ""), (0, "a"), (1, "c"), (1, None), (0, "b"), (0, None)]
 
@@ -286,33 +195,6 @@ def test_merged_joins_text_deltas_of_one_choice_in_order():
     apart = speed_model.merged([(0, 1, chunk(0, {"content": "a"})),
                                 (0, 2, chunk(0, {"reasoning_content": "b"}))])
     assert len(apart) == 2
-
-
-def test_sequence_slots_are_handed_out_first_come_first_served():
-    slots = speed_model.SequenceSlots(2)
-    order = []
-    assert slots.acquire(2) is False  # free: no wait
-
-    def wants(name, count):
-        order.append((name, slots.acquire(count)))
-
-    first = threading.Thread(target=wants, args=("two", 2))
-    first.start()
-    while slots.waiting < 1:
-        time.sleep(0.001)
-    second = threading.Thread(target=wants, args=("one", 1))
-    second.start()
-    while slots.waiting < 2:
-        time.sleep(0.001)
-    slots.release(1)  # one slot free: "one" would fit, but "two" came first
-    time.sleep(0.05)
-    assert order == []
-    slots.release(1)
-    first.join(2)
-    assert order == [("two", True)]
-    slots.release(2)
-    second.join(2)
-    assert order == [("two", True), ("one", True)] and slots.used == 1
 
 
 @pytest.mark.parametrize("min_tokens, expected", [
@@ -377,9 +259,29 @@ def post(engine, body, stream=False):
     return status, headers, json.loads(text), seconds
 
 
-def test_measured_throughput_matches_the_model(timed):
-    """Two clients, two streamed requests each, every answer exactly 200 tokens: 1 s in all,
-    long beside a request's own overhead (connecting, parsing: a few ms on a busy machine)."""
+def running_gauges(engine, running, waiting, seconds=10):
+    """Whether the engine's gauges show `running` and `waiting` requests within `seconds`."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        metrics = engine.request("GET", "/metrics")[1]
+        if (re.search(rf'vllm:num_requests_running\{{model_name="qwen3"\}} {running}\.0', metrics)
+                and re.search(rf'vllm:num_requests_waiting\{{model_name="qwen3"\}} {waiting}\.0', metrics)):
+            return True
+        time.sleep(0.01)
+    return False
+
+
+def model_seconds(prompt_tokens, output_tokens, requests, clients):
+    """What the engine's steps take for the timed stand-in's closed loop (engine_steps.py)."""
+    steps = engine_steps.EngineSteps(speed_model.Rates(1000000, DECODE_TPS), 2, 2048, True, 10 ** 6)
+    works = [engine_steps.Work(prompt_tokens, [output_tokens], 1, prompt_tokens + output_tokens)
+             for _request in range(requests)]
+    return engine_steps.closed_loop(steps, works, clients).seconds
+
+
+def test_no_token_leaves_before_the_engine_makes_it(timed):
+    """Two clients, two streamed requests each, every answer exactly 200 tokens: about a second
+    of the model's time. A loaded machine only makes the answers later: the bound holds on it."""
     output_tokens, per_client, clients = 200, 2, 2
     usages, errors = [], []
 
@@ -403,19 +305,12 @@ def test_measured_throughput_matches_the_model(timed):
 
     assert errors == []
     assert [usage["completion_tokens"] for usage in usages] == [output_tokens] * 4
-    measured = sum(usage["completion_tokens"] for usage in usages) / elapsed
-    rates = speed_model.Rates(prefill_tps=1000000, decode_tps=DECODE_TPS)
-    _input, predicted = speed_model.predicted_throughput(
-        rates, usages[0]["prompt_tokens"], output_tokens, clients, 2)
-    # Never faster than the model: no token leaves before it is due. A loaded machine (the unit
-    # tests run beside the lab's) only makes it later, so the floor is loose; it still tells
-    # sequences run side by side (the model) from one at a time (0.6 of it).
-    assert 0.8 * predicted < measured <= 1.01 * predicted
+    assert elapsed >= 0.99 * model_seconds(usages[0]["prompt_tokens"], output_tokens, 4, clients)
 
 
 def test_a_sequence_slows_while_another_runs_beside_it(timed):
-    body = dict(max_tokens=200, ignore_eos=True, **THINKING_OFF)
-    alone_model = speed_model.Rates(1000000, DECODE_TPS).request_seconds(20, 200)  # ~0.5 s
+    body = dict(max_tokens=400, ignore_eos=True, **THINKING_OFF)
+    alone_model = speed_model.Rates(1000000, DECODE_TPS).request_seconds(20, 400)  # ~1 s
     _status, _headers, _answer, alone = post(timed, body)
     together = []
 
@@ -425,43 +320,32 @@ def test_a_sequence_slows_while_another_runs_beside_it(timed):
     threads = [threading.Thread(target=send) for _client in range(2)]
     for thread in threads:
         thread.start()
+    # Side by side: both run at once (seen whenever the machine gets to it: each runs a second).
+    assert running_gauges(timed, running=2, waiting=0)
     for thread in threads:
         thread.join(30)
 
-    # Lower bounds from the model, upper ones loose: a loaded machine only adds time. They still
-    # tell a slowed pair (both about 1.2) from one not slowed (1.0) or one at a time (1.0 and 2.0).
-    assert alone_model <= alone < 1.3 * alone_model
-    # Side by side, each keeps 1 / 1.2 of its speed alone: both end about 20 % later.
-    assert len(together) == 2
-    assert all(1.15 * alone_model < seconds < 1.6 * alone_model for seconds in together)
+    assert alone >= alone_model
+    # Each keeps 1 / 1.2 of its speed alone: a decode step of two takes 1.2 times one's. A
+    # bound from below, which a slow machine cannot break.
+    assert len(together) == 2 and all(seconds >= 1.19 * (alone_model - 0.008) for seconds in together)
 
 
 def test_a_request_beyond_max_num_seqs_waits_its_turn(timed):
-    # No bound here is one a loaded machine can break by being slow: c is sent once a and b run,
-    # each for at least a second of the model's time (a slow machine only lengthens it), and the
-    # gauges are read until they show c in line beside them, whenever that is.
+    # c is sent once a and b run (each for a second of the model's time, which a slow machine
+    # only lengthens), and the gauges are read until they show c in line beside them.
     body = dict(max_tokens=400, ignore_eos=True, **THINKING_OFF)
     results = {}
 
     def send(name):
         results[name] = post(timed, body)
 
-    def gauges_once(running, waiting):
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline:
-            metrics = timed.request("GET", "/metrics")[1]
-            if (re.search(rf'vllm:num_requests_running\{{model_name="qwen3"\}} {running}\.0', metrics)
-                    and re.search(rf'vllm:num_requests_waiting\{{model_name="qwen3"\}} {waiting}\.0', metrics)):
-                return True
-            time.sleep(0.01)
-        return False
-
     threads = [threading.Thread(target=send, args=(name,)) for name in "abc"]
     for thread in threads[:2]:
         thread.start()
-    assert gauges_once(running=2, waiting=0)
+    assert running_gauges(timed, running=2, waiting=0)
     threads[2].start()
-    assert gauges_once(running=2, waiting=1)
+    assert running_gauges(timed, running=2, waiting=1)
     for thread in threads:
         thread.join(30)
 

@@ -65,7 +65,8 @@ def test_the_memory_step_down_starts_the_largest_candidate_from_the_top(tmp_path
     assert [step["engine_args"]["gpu_memory_utilization"] for step in steps] == [0.95, 0.9, 0.85, 0.8]
     assert all(step["engine_args"] == {**SUB168, "max_num_seqs": 8, "max_num_batched_tokens": 8192,
                                        "gpu_memory_utilization": step["engine_args"]["gpu_memory_utilization"]}
-               and step["engine_allocator"] == DEFAULT_ALLOCATOR_OPTIONS for step in steps)
+               and step["engine_allocator"] == {**DEFAULT_ALLOCATOR_OPTIONS, "expandable_segments": True}
+               for step in steps)
     assert len({step["id"] for step in steps}) == 4
     # Without a start, from the space's highest value; the floor is kept when a step lands on it.
     space = write_space(tmp_path, """

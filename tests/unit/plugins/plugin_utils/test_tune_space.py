@@ -221,7 +221,13 @@ def test_the_largest_candidate_takes_the_spaces_largest_sizes(tmp_path):
     largest = largest_candidate(load_space(str(write(tmp_path, text))), INCUMBENT, 0.9)
     assert largest["engine_args"] == {**SUB168, "max_num_seqs": 8, "max_num_batched_tokens": 8192,
                                       "gpu_memory_utilization": 0.9}
-    assert largest["engine_allocator"] == DEFAULT_ALLOCATOR_OPTIONS and largest["incumbent"] is False
+    # With the expandable segments the space tries, which leave the start's peak unfragmented.
+    assert largest["engine_allocator"] == {**DEFAULT_ALLOCATOR_OPTIONS, "expandable_segments": True}
+    assert largest["incumbent"] is False
+    untried = text.replace("engine_allocator:\n  expandable_segments: [null, true]\n", "")
+    assert untried != text
+    largest = largest_candidate(load_space(str(write(tmp_path, untried, "untried.yml"))), INCUMBENT, 0.9)
+    assert largest["engine_allocator"] == DEFAULT_ALLOCATOR_OPTIONS
 
 
 def test_the_incumbent_must_be_mappings():

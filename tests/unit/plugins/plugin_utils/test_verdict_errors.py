@@ -54,7 +54,8 @@ def test_a_side_at_a_slower_pace_scores_lower_in_every_figure():
     fast, slow = verdict_errors.engine_figures(1.0), verdict_errors.engine_figures(0.9)
     assert slow["score"] < fast["score"] and slow["output_tps"] < fast["output_tps"]
     assert all(slow[name] > fast[name] for name in verdict_errors.LATENCIES)
-    assert -10 < verdict_errors.score_shift(0.9) < -9
+    # Everything 10 % slower: the prefill, the decode and the steps' cost.
+    assert verdict_errors.score_shift(0.9) == pytest.approx(-10.0, abs=0.05)
 
 
 def test_the_tuner_proposes_the_best_within_two_percent_as_the_docs_say():
@@ -66,8 +67,11 @@ def test_the_tuner_proposes_the_best_within_two_percent_as_the_docs_say():
         f"{100 * rate:.1f} %"
 
 
-def test_the_tuners_simulation_starts_only_what_the_tuner_would():
+def test_the_tuners_simulation_starts_only_what_the_tuner_would_and_its_best_is_inside_the_space():
     scores = verdict_errors.true_scores()
     assert verdict_errors.INCUMBENT in scores and all(setting[0] >= verdict_errors.PROBE_CHOICES for setting in scores)
+    # Eight sequences break the TPOT limit; 8192 batched tokens start only with expandable segments.
+    assert all(setting[0] < 8 for setting in scores) and (4, 8192, False) not in scores
     best = max(scores, key=scores.get)
-    assert best[0] == 8 and scores[best] > 1.3 * scores[4, 4096, False]
+    assert best == (4, 8192, True)
+    assert scores[best] > 1.1 * max(score for setting, score in scores.items() if setting != best)
