@@ -92,6 +92,13 @@ def serving_unrecorded(host, folder: Path) -> bool:
     return int(option_values(argv)["--max-num-seqs"]) not in recorded_seqs
 
 
+def settings_of(record) -> tuple:
+    """(max_num_seqs, max_num_batched_tokens, expandable segments) of a candidate's record."""
+    return (record["settings"]["engine_args"]["max_num_seqs"],
+            record["settings"]["engine_args"]["max_num_batched_tokens"],
+            bool(record["settings"]["engine_allocator"].get("expandable_segments")))
+
+
 def write_space(tmp_path, text: str) -> str:
     path = tmp_path / "space.yml"
     path.write_text(text)
@@ -124,10 +131,6 @@ def test_a_search_over_the_shipped_space_proposes_the_best_setting_and_leaves_th
     assert measured[0]["incumbent"] and measured[0]["status"] == "measured"
     # 8192 batched tokens do not start without expandable segments; eight sequences break the
     # TPOT limit; every other setting is measured and holds it.
-    def settings_of(record):
-        return (record["settings"]["engine_args"]["max_num_seqs"],
-                record["settings"]["engine_args"]["max_num_batched_tokens"],
-                bool(record["settings"]["engine_allocator"].get("expandable_segments")))
     statuses = {settings_of(record): record["status"] for record in measured}
     assert {setting for setting, status in statuses.items() if status == "failed_to_start"} == {
         (seqs, 8192, False) for seqs in (2, 4, 8)}, statuses

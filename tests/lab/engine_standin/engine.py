@@ -13,7 +13,7 @@ import sys
 import threading
 import time
 
-from . import chat, cli, evaluation_solver, memory_model, settings, speed_model, startup
+from . import chat, cli, engine_steps, evaluation_solver, memory_model, settings, speed_model, startup
 from .server import UVICORN_PREFIX, EngineHTTPServer, EngineState
 
 logger = logging.getLogger("vllm.entrypoints.openai.api_server")
@@ -127,7 +127,7 @@ def build_engine(args, environ, options, vllm_root, version):
                 "and %d KV cache tokens at once; long prompts (over %d tokens) %s; evaluation "
                 "answers wrong for a share of %g", rates, engine_settings.max_num_batched_tokens,
                 "chunked prefill" if engine_settings.chunked_prefill else "whole prompts",
-                speed_model.BATCH_SLOWDOWN, args.max_num_seqs, memory.kv_tokens,
+                engine_steps.BATCH_SLOWDOWN, args.max_num_seqs, memory.kv_tokens,
                 memory_model.FRAGMENTATION_PROMPT_TOKENS,
                 "run out of memory side by side (fragmented allocator)" if steps.fragments
                 else "fit side by side", options.wrong_share)

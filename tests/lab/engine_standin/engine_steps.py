@@ -238,7 +238,6 @@ class EngineSteps:
         return self
 
 
-
 # ---- a bench, played at once ------------------------------------------------------------------
 
 Measured = collections.namedtuple("Measured", "seconds input_tokens output_tokens works")

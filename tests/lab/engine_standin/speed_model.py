@@ -226,7 +226,7 @@ import random
 import time
 
 from . import engine_steps, memory_model, settings, startup
-from .engine_steps import BATCH_SLOWDOWN, STEP_SECONDS  # noqa: F401 (the model's constants, read here)
+from .engine_steps import STEP_SECONDS
 
 PREFILL_TPS_VARIABLE = "BIV100_STANDIN_PREFILL_TPS"
 DECODE_TPS_VARIABLE = "BIV100_STANDIN_DECODE_TPS"

@@ -4,7 +4,7 @@ import threading
 
 import pytest
 from engine_standin import speed_model
-from engine_standin.engine_steps import EngineSteps, LiveEngine, Work, closed_loop
+from engine_standin.engine_steps import BATCH_SLOWDOWN, EngineSteps, LiveEngine, Work, closed_loop
 
 # Round numbers: a prompt token costs 1 ms, a step with prompt tokens 10 ms more, a decode step
 # of one sequence 10 ms.
@@ -48,7 +48,7 @@ def test_a_decode_step_grows_with_the_batch_and_the_batch_makes_more_tokens_for_
         step = (1 + 0.2 * (sequences - 1)) / 100
         assert all(work.times[-1] - work.times[0] == pytest.approx(100 * step) for work in works)
     # Eight sequences make 8 / 2.4 = 3.33 times one's tokens, each at 1 / 2.4 of its speed.
-    assert speed_model.BATCH_SLOWDOWN == 0.2
+    assert BATCH_SLOWDOWN == 0.2
 
 
 def test_a_prompt_read_beside_decoding_sequences_delays_their_next_token_by_its_chunk():

@@ -621,7 +621,6 @@ def engine(loopback_server):
         server.received, server.delay, server.held, server.release = [], delay, held, threading.Event()
         return url, server
 
-
     return start
 
 
