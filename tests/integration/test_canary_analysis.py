@@ -4,17 +4,20 @@ gate, the two are benched side by side again, and the canary is judged against t
 same release passes at the default settings; a canary 10 % slower fails and is rolled back with
 the fleet untouched; one slower within the margin passes; without a host like the canary, its
 own record is the baseline; too few trials are inconclusive and stop the rollout before the next
-batch, unless accepted. Only the canary ever runs a rejected release.
+batch, unless accepted. Only the canary ever runs a rejected release. Last, the loop closed: what
+tune.yml proposes on the canary's host goes through the fleet's canary to every host.
 Every figure is the lab's stand-in's, and says so."""
 
 from __future__ import annotations
 
 import json
 import re
+from pathlib import Path
 
 import pytest
 import yaml
-from lab_files import REPO, STATE, current_release, engine_pids, host_state
+from engine_standin import speed_model
+from lab_files import REPO, STATE, current_release, engine_pids, host_state, recorded
 from playbook_runs import ONE_BATCH, run_playbook
 
 # Never beside the other of the two (tests/integration/conftest.py).
@@ -36,9 +39,10 @@ def per_host(variables: dict) -> dict:
 
 
 def slower(fraction: float) -> dict:
-    """A stand-in `fraction` slower in both prefill and decode."""
+    """A stand-in `fraction` slower in everything: prefill, decode and a step's cost."""
     return {"BIV100_STANDIN_DECODE_TPS": str(DECODE_TPS * (1 - fraction)),
-            "BIV100_STANDIN_PREFILL_TPS": str(PREFILL_TPS * (1 - fraction))}
+            "BIV100_STANDIN_PREFILL_TPS": str(PREFILL_TPS * (1 - fraction)),
+            "BIV100_STANDIN_STEP_SECONDS": str(speed_model.STEP_SECONDS / (1 - fraction))}
 
 
 def deploy(lab, tmp_path, release, **extravars):
@@ -105,6 +109,13 @@ def test_the_same_release_on_canary_and_baseline_passes_and_the_rollout_goes_on(
     assert line["bench"]["score"] == current_release(canary)["gates"]["instances"]["vllm"]["bench"]["score"]
     releases = run.stdout().rsplit("RELEASES", maxsplit=1)[-1]
     assert f"canary pass, score 100 vs {baseline.name} (same window, sub600), {trials} trials [simulated]" in releases
+
+    # The same release again, in a row: it passes again (a canary that flips on noise would not).
+    (tmp_path / "again").mkdir()
+    again = deploy(lab, tmp_path / "again", "sub611")
+    assert again.rc == 0, said(again)[-3000:]
+    assert analysis(again, canary)["verdict"] == "pass"
+    assert all(current_release(host)["id"] == "sub611" for host in lab.hosts)
 
 
 def test_a_canary_ten_percent_slower_fails_and_only_the_canary_ever_ran_it(lab, fleet, tmp_path):
@@ -198,3 +209,40 @@ def test_too_few_trials_are_inconclusive_and_stop_before_the_next_batch_unless_a
     judged = analysis(accepted, canary)
     assert judged["verdict"] == "inconclusive" and judged["accepted"] and judged["promote"]
     assert all(current_release(host)["id"] == "sub605" for host in lab.hosts)
+
+
+def test_what_tune_yml_proposes_goes_through_the_fleets_canary_to_every_host(lab, fleet, tmp_path):
+    canary, baseline = lab.hosts[0], lab.hosts[1]
+    # The objective: the weighted score at the bench's load, with a limit on the time per token.
+    gates = {**GATES, "throughput": {**GATES["throughput"], "latency": {"tpot_p99_ms": 5}}}
+    space = tmp_path / "space.yml"
+    space.write_text("name: seqs\nengine_args:\n  max_num_seqs: [2, 4]\nbudget: {max_candidates: 3, max_minutes: 20}\n")
+
+    tuned = run_playbook("tune.yml", lab.inventory_path, tmp_path / "tune", limit=canary.name,
+                         extravars={"serving_gates": gates, "tune_space": str(space)})
+
+    assert tuned.rc == 0, said(tuned)[-3000:]
+    (planned,) = [event["event_data"]["res"] for event in tuned.events if event.get("event") == "runner_on_ok"
+                  and event["event_data"].get("task") == "Begin the tuning run, or go on with the one named"]
+    proposal = yaml.safe_load((Path(planned["run_dir"]) / "proposal.yml").read_text())
+    assert proposal["engine_args"]["max_num_seqs"] == 4, said(tuned)[-3000:]
+    assert "on the weighted score at the bench's offered load, TPOT p99 <= 5 ms, tune proposes" in said(tuned)
+
+    run = deploy(lab, tmp_path / "deploy", "sub620", serving_gates=gates, **proposal)
+
+    assert run.rc == 0, said(run)[-3000:]
+    text = said(run)
+    assert (f"canary analysis of {canary.name} against {baseline.name} (same window, sub605); their own gap "
+            "measured by 3 trials before the canary changes, 3 to 6 trials, on the weighted score at the "
+            "bench's offered load, TPOT p99 <= 5 ms") in text, text[-3000:]
+    judged = analysis(run, canary)
+    assert judged["verdict"] == "pass" and judged["promote"]
+    assert judged["latency_judged"] == ("the release changes max_num_seqs 2 -> 4: TTFT and TPOT judged against "
+                                        "TPOT p99 <= 5 ms")
+    score = {metric["name"]: metric for metric in judged["metrics"]}["score"]
+    # More of what the objective counts: a shift the judge passes (only a fall is harmful).
+    assert score["classification"] == "Pass" and score["shift_pct"] > 10
+    for host in lab.hosts:
+        record = current_release(host)
+        assert (record["id"], record["status"]) == ("sub620", "good")
+        assert recorded(record, "engine")["args"]["max_num_seqs"] == 4
