@@ -53,11 +53,11 @@ from ansible_collections.biv100.serving.plugins.plugin_utils._tune_results impor
     write_proposal,
 )
 from ansible_collections.biv100.serving.plugins.plugin_utils._tune_search import (
+    final_schedule,
     memory_choice,
     memory_steps,
     next_round,
     pending,
-    final_schedule,
     ranked,
     search_rounds,
 )

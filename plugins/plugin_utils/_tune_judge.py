@@ -34,7 +34,7 @@ CONFIDENCE = 0.98
 # CONFIDENCE), so a wrong call between them costs at most the extra changes of one that is no
 # better, while a tie called on a real gap gives up the gap. With three trials a side (two
 # degrees of freedom) a 98 % interval is +-11 % at 2 % noise, and the tuner's simulated search
-# kept a setting 11 % below the best in 16 % of runs; at 90 % in under 1 % (docs/benchmarks.md).
+# kept a setting 12 % below the best in 16 % of runs; at 90 %, in 1.7 % (docs/benchmarks.md).
 TIE_CONFIDENCE = 0.90
 DEFAULT_MIN_GAIN = 0.02
 

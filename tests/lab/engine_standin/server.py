@@ -1,8 +1,8 @@
 """The HTTP side: vLLM 0.10.1.1's OpenAI routes on the standard library's threaded server.
 
-Chat answers leave on the speed model's schedule (speed_model.py), and every response carries
-SIMULATED_HEADER, which no real vLLM sends: whoever measures this engine can tell it is the
-stand-in (the bench marks its figures simulated when it sees the header).
+Chat answers leave as the engine's steps make their tokens (engine_steps.py, speed_model.py), and
+every response carries SIMULATED_HEADER, which no real vLLM sends: whoever measures this engine
+can tell it is the stand-in (the bench marks its figures simulated when it sees the header).
 """
 
 import contextlib
