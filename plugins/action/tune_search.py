@@ -268,7 +268,12 @@ class ActionModule(ControllerAction):
         append_candidate(path, record)
         line = self._progress(state, record, path, args["file"] == "memory")
         display.display(line)
-        return {"record": record, "msg": line}
+        # The finalists whose final trials failed, as the run's records say: their other trials
+        # are not run.
+        failed = sorted(key for key, latest in read_candidates(path).items()
+                        if latest.get("round") is None and latest.get("status") in (MISSED_GATE, FAILED_TO_START)
+                        ) if args["file"] == "candidates" else []
+        return {"record": record, "failed_finalists": failed, "msg": line}
 
     def _progress(self, state: dict, record: dict, path: Path, memory: bool) -> str:
         """`h1: candidate 3 c1a2b3c4d5e (max_num_seqs 2 -> 8): score 9120 >= 8000, TTFT p99 212 ms;

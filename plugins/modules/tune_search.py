@@ -235,6 +235,13 @@ record:
   description: The record appended.
   returned: O(step=record)
   type: dict
+failed_finalists:
+  description:
+    - The ids of the finalists whose final trials failed (their latest record is a failure of no
+      round), by the run's records; the role runs none of their other trials.
+  returned: O(step=record)
+  type: list
+  elements: str
 measure:
   description: The candidates to measure again, the incumbent first when it cleared every gate.
   returned: O(step=final)

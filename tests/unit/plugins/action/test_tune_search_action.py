@@ -160,6 +160,8 @@ def test_a_finalist_that_misses_a_gate_on_its_trials_is_recorded_so_and_is_never
                       failure="on its final trials: quality gate: deviation -5.0 %, gate ±4 %")
 
     assert missed["record"]["round"] is None and missed["record"]["status"] == "missed_gate"
+    # The role runs none of its other trials: the record names it among the failed finalists.
+    assert missed["failed_finalists"] == [other["id"]]
     assert missed["msg"].startswith(f"h1: finalist {other['id']} (max_num_seqs 2 -> 4): missed a gate: "
                                     "on its final trials: quality gate")
     assert f"best so far {incumbent['id']} score 10000" in missed["msg"]
