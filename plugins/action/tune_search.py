@@ -266,16 +266,17 @@ class ActionModule(ControllerAction):
             log_tail=log_tail, gates=[args["failure"] or "a gate was missed"] if status == MISSED_GATE else None)
         path = run_dir / (MEMORY_FILE if args["file"] == "memory" else CANDIDATES_FILE)
         append_candidate(path, record)
-        line = self._progress(state, record, path, args["file"] == "memory")
+        latest = read_candidates(path)
+        line = self._progress(state, record, path, latest, args["file"] == "memory")
         display.display(line)
         # The finalists whose final trials failed, as the run's records say: their other trials
         # are not run.
-        failed = sorted(key for key, latest in read_candidates(path).items()
-                        if latest.get("round") is None and latest.get("status") in (MISSED_GATE, FAILED_TO_START)
+        failed = sorted(key for key, last in latest.items()
+                        if last.get("round") is None and last.get("status") in (MISSED_GATE, FAILED_TO_START)
                         ) if args["file"] == "candidates" else []
         return {"record": record, "failed_finalists": failed, "msg": line}
 
-    def _progress(self, state: dict, record: dict, path: Path, memory: bool) -> str:
+    def _progress(self, state: dict, record: dict, path: Path, latest: dict, memory: bool) -> str:
         """`h1: candidate 3 c1a2b3c4d5e (max_num_seqs 2 -> 8): score 9120 >= 8000, TTFT p99 212 ms;
         best so far c1a2b3c4d5e score 9120` (one line a candidate, marked when simulated)."""
         # Counted among those that ran: the invalid ones are listed when the round is planned.
@@ -297,7 +298,7 @@ class ActionModule(ControllerAction):
             parts.append(f"score {figures['score']:.0f}{versus}, TTFT p99 {_ms(figures.get('ttft_p99_ms'))}")
         if record["status"] == MISSED_GATE:
             parts.append("missed a gate: " + "; ".join(record["gates"]))
-        best = ranked(read_candidates(path).values())
+        best = ranked(latest.values())
         parts.append(f"best so far {best[0]['id']} score {best[0]['figures']['score']:.0f}" if best else
                      "no candidate has cleared every gate yet")
         return " ".join(parts[:1]) + " " + "; ".join(parts[1:]) + (" [simulated]" if figures.get("simulated") else "")

@@ -120,7 +120,7 @@ def build_engine(args, environ, options, vllm_root, version):
         max_num_seqs=args.max_num_seqs, enable_auto_tools=bool(args.enable_auto_tool_choice),
         tool_parser=args.tool_call_parser, reasoning_parser=args.reasoning_parser,
         fixes=fixes, broken=options.broken, wrong_share=options.wrong_share)
-    rates = speed_model.Rates.from_environ(environ, engine_settings.prefill_chunk)
+    rates = speed_model.Rates.from_environ(environ)
     steps = speed_model.engine_for(engine_settings, memory, rates, environ)
     logger.info("simulated speed: %s for a sequence alone; steps of %d tokens at most (%s), a "
                 "decode step of n sequences (1 + %g (n - 1)) times one's, at most %d sequences "

@@ -137,7 +137,7 @@ prefill, else the whole prompt:
 (the first token is made then; prompt tokens as usage reports them, the chat template's
 included). Larger chunks are faster up to the prompt's length, and a chunk larger than the
 prompt gains nothing alone. Then one token every 1 / decode_tps seconds: token k (counted from
-1) is made prefill + (k - 1) / decode_tps seconds after the start (Rates.token_due).
+1) is made prefill + (k - 1) / decode_tps seconds after the start, as the steps make them.
 
 Leaving
 -------
@@ -250,23 +250,22 @@ class RateError(ValueError):
 
 
 class Rates:
-    """A sequence's speed alone: prefill and decode tokens per second, the prefill's chunk and
-    step cost, and the steps' noise (engine_steps.py plays the steps)."""
+    """A sequence's speed alone: prefill and decode tokens per second, a reading step's cost,
+    and the steps' noise (engine_steps.py plays the steps with them)."""
 
     def __init__(self, prefill_tps=DEFAULT_PREFILL_TPS, decode_tps=DEFAULT_DECODE_TPS, jitter=0.0,
-                 seed=0, prefill_chunk=None, step_seconds=STEP_SECONDS):
+                 seed=0, step_seconds=STEP_SECONDS):
         self.prefill_tps = float(prefill_tps)
         self.decode_tps = float(decode_tps)
         self.jitter = float(jitter)
         self.seed = int(seed)
-        self.prefill_chunk = prefill_chunk  # None: a whole prompt in one step
         self.step_seconds = float(step_seconds)
 
     @classmethod
-    def from_environ(cls, environ, prefill_chunk=None):
+    def from_environ(cls, environ):
         return cls(_rate(environ, PREFILL_TPS_VARIABLE, DEFAULT_PREFILL_TPS),
                    _rate(environ, DECODE_TPS_VARIABLE, DEFAULT_DECODE_TPS),
-                   _jitter(environ), _seed(environ), prefill_chunk,
+                   _jitter(environ), _seed(environ),
                    _setting(environ, STEP_SECONDS_VARIABLE, STEP_SECONDS, float,
                             lambda value: 0 <= value < 1, "a number of seconds in [0, 1)"))
 
@@ -278,29 +277,10 @@ class Rates:
             return 1.0
         return 1.0 + random.Random(self.seed * 1000003 + step).uniform(-self.jitter, self.jitter)
 
-    def prefill_steps(self, prompt_tokens):
-        if not self.prefill_chunk:
-            return 1
-        return max(1, math.ceil(prompt_tokens / self.prefill_chunk))
-
-    def prefill_seconds(self, prompt_tokens):
-        return (self.prefill_steps(prompt_tokens) * self.step_seconds
-                + prompt_tokens / self.prefill_tps)
-
-    def token_due(self, prompt_tokens, token):
-        """Seconds from the start of running until output token `token` (from 1) is due, for a
-        request alone in the engine."""
-        return self.prefill_seconds(prompt_tokens) + (max(token, 1) - 1) / self.decode_tps
-
-    def request_seconds(self, prompt_tokens, output_tokens):
-        """Seconds a request alone runs: until its last token. A sequence makes at least one token."""
-        return self.token_due(prompt_tokens, output_tokens)
-
     def __repr__(self):
-        chunk = f", prefill_chunk={self.prefill_chunk}" if self.prefill_chunk else ""
         noise = f", jitter={self.jitter:g}, seed={self.seed}" if self.jitter else ""
         return (f"Rates(prefill_tps={self.prefill_tps:g}, decode_tps={self.decode_tps:g}"
-                f"{chunk}, step_seconds={self.step_seconds:g}{noise})")
+                f", step_seconds={self.step_seconds:g}{noise})")
 
 
 def _setting(environ, name, default, read, fits, meaning):
@@ -384,7 +364,7 @@ def predicted_score(engine_args, prompt_tokens, output_tokens, environ=None, mod
         engine = settings.from_engine_args(engine_args, model_config, environ)
         plan = memory_model.MemoryPlan(memory_model.ModelShape.from_config(model_config), engine)
         plan.check()
-        rates = Rates.from_environ(environ, engine.prefill_chunk)
+        rates = Rates.from_environ(environ)
     except (startup.StartupError, memory_model.StartFailure, RateError) as error:
         return failed._replace(refused=str(error))
     if prompt_tokens + max(outputs) > engine.max_model_len:

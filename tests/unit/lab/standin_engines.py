@@ -142,3 +142,21 @@ class Engine:
         assert status == 200, text
         events = [line[len("data: "):] for line in text.splitlines() if line.startswith("data: ")]
         return [json.loads(event) for event in events[:-1]], events[-1] == "[DONE]"
+
+
+def metric(engine, name):
+    """The value of one of the engine's gauges or counters, as /metrics gives it now."""
+    text = engine.request("GET", "/metrics")[1]
+    (line,) = [line for line in text.splitlines() if line.startswith(f"{name}{{")]
+    return float(line.rsplit(" ", 1)[1])
+
+
+def gauges_show(engine, running, waiting, seconds=10):
+    """Whether the engine's gauges show `running` and `waiting` requests at once within `seconds`."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if (metric(engine, "vllm:num_requests_running"), metric(engine, "vllm:num_requests_waiting")) == (
+                running, waiting):
+            return True
+        time.sleep(0.01)
+    return False

@@ -27,9 +27,8 @@ def test_a_request_alone_is_read_in_chunks_each_paying_the_step_then_decodes_a_t
     # Three steps read the prompt (200, 200, 100 tokens); the last makes the first token.
     assert alone.times[0] == pytest.approx(3 * 0.01 + 0.5)
     assert alone.times[1:] == pytest.approx([0.53 + k * 0.01 for k in range(1, 11)])
-    # The time of a request alone, as Rates gives it.
-    assert alone.times[-1] == pytest.approx(
-        speed_model.Rates(1000, 100, prefill_chunk=200, step_seconds=0.01).request_seconds(500, 11))
+    # The time of a request alone: its reading steps, then a decode interval a token.
+    assert alone.times[-1] == pytest.approx(3 * 0.01 + 500 / 1000 + 10 / 100)
     # A chunk larger than the prompt gains nothing; without chunked prefill a prompt is one step.
     for budget, chunked in ((500, True), (4096, True), (4096, False)):
         whole = request(500, 11)

@@ -3,7 +3,6 @@ the arithmetic as pure functions, then measured on a stand-in process over loopb
 
 import http.client
 import json
-import re
 import threading
 import time
 
@@ -12,29 +11,40 @@ from engine_standin import chat, engine_steps, sampling, speed_model
 from engine_standin import simulated_model as model
 from engine_standin.server import SIMULATED_HEADER
 
-from standin_engines import ENGINE_FLAGS, SERVED, Engine, make_host
+from standin_engines import ENGINE_FLAGS, SERVED, Engine, gauges_show, make_host
 
 THINKING_OFF = {"chat_template_kwargs": {"enable_thinking": False}}
 
 
 # ---- the arithmetic ------------------------------------------------------------------------------
 
+def alone(prompt_tokens, output_tokens, rates, chunk=None):
+    """A request alone in the engine, played by its steps: chunked prefill in `chunk` tokens a
+    step, or without it the whole prompt in one."""
+    steps = engine_steps.EngineSteps(rates, 1, chunk or prompt_tokens, chunk is not None, 10 ** 7)
+    work = engine_steps.Work(prompt_tokens, [output_tokens], 1, prompt_tokens + output_tokens)
+    steps.add(work)
+    steps.run_out()
+    return work, steps.steps
+
+
 def test_token_due_is_prefill_then_one_token_per_decode_interval():
     rates = speed_model.Rates(prefill_tps=1000, decode_tps=100, step_seconds=0.004)
-    # One step: its cost, then the prompt's tokens.
-    assert rates.prefill_seconds(500) == pytest.approx(0.504)
-    assert rates.token_due(500, 1) == pytest.approx(0.504)
-    assert rates.token_due(500, 11) == pytest.approx(0.604)
-    assert rates.request_seconds(500, 11) == pytest.approx(0.604)
-    assert rates.request_seconds(500, 0) == rates.request_seconds(500, 1)  # one token at least
+    work, _steps = alone(500, 11, rates)
+    # One step: its cost, then the prompt's tokens; a token a decode interval after.
+    assert work.times[0] == pytest.approx(0.504)
+    assert work.times[10] == pytest.approx(0.604)
+    assert work.times[-1] == pytest.approx(0.604)
+    assert alone(500, 0, rates)[0].times == alone(500, 1, rates)[0].times  # one token at least
 
 
 def test_a_prompt_is_prefilled_in_chunks_each_paying_the_step():
-    def prefill(chunk):
-        return speed_model.Rates(prefill_tps=1000, decode_tps=100, prefill_chunk=chunk,
-                                 step_seconds=0.01).prefill_seconds(500)
+    rates = speed_model.Rates(prefill_tps=1000, decode_tps=100, step_seconds=0.01)
 
-    assert speed_model.Rates(prefill_chunk=200).prefill_steps(500) == 3
+    def prefill(chunk):
+        return alone(500, 1, rates, chunk)[0].times[0]
+
+    assert alone(500, 1, rates, 200)[1] == 3
     assert prefill(200) == pytest.approx(3 * 0.01 + 0.5)
     assert prefill(None) == prefill(500) == pytest.approx(0.01 + 0.5)  # unchunked: one step
     # Larger chunks are faster up to the prompt's length; past it they gain nothing.
@@ -46,8 +56,8 @@ def test_a_prompt_is_prefilled_in_chunks_each_paying_the_step():
 def test_rates_come_from_the_environment_with_defaults():
     defaults = speed_model.Rates.from_environ({})
     assert (defaults.prefill_tps, defaults.decode_tps) == (200000, 6000)
-    assert (defaults.prefill_chunk, defaults.step_seconds) == (None, speed_model.STEP_SECONDS)
-    assert speed_model.Rates.from_environ({}, prefill_chunk=4096).prefill_chunk == 4096
+    assert defaults.step_seconds == speed_model.STEP_SECONDS
+    assert speed_model.Rates.from_environ({"BIV100_STANDIN_STEP_SECONDS": "0.02"}).step_seconds == 0.02
     custom = speed_model.Rates.from_environ({"BIV100_STANDIN_PREFILL_TPS": "2000",
                                              "BIV100_STANDIN_DECODE_TPS": "250.5"})
     assert (custom.prefill_tps, custom.decode_tps) == (2000, 250.5)
@@ -79,8 +89,8 @@ def test_the_weighted_score_is_the_competitions():
 
 def test_defaults_keep_probe_sized_requests_quick():
     rates = speed_model.Rates()
-    assert rates.request_seconds(50, 110) < 0.03
-    assert rates.request_seconds(12300, 16) < 0.35  # the long-prompt probes
+    assert alone(50, 110, rates, 4096)[0].times[-1] < 0.03
+    assert alone(12300, 16, rates, 4096)[0].times[-1] < 0.35  # the long-prompt probes
 
 
 class FakeClock:
@@ -259,18 +269,6 @@ def post(engine, body, stream=False):
     return status, headers, json.loads(text), seconds
 
 
-def running_gauges(engine, running, waiting, seconds=10):
-    """Whether the engine's gauges show `running` and `waiting` requests within `seconds`."""
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        metrics = engine.request("GET", "/metrics")[1]
-        if (re.search(rf'vllm:num_requests_running\{{model_name="qwen3"\}} {running}\.0', metrics)
-                and re.search(rf'vllm:num_requests_waiting\{{model_name="qwen3"\}} {waiting}\.0', metrics)):
-            return True
-        time.sleep(0.01)
-    return False
-
-
 def model_seconds(prompt_tokens, output_tokens, requests, clients):
     """What the engine's steps take for the timed stand-in's closed loop (engine_steps.py)."""
     steps = engine_steps.EngineSteps(speed_model.Rates(1000000, DECODE_TPS), 2, 2048, True, 10 ** 6)
@@ -310,8 +308,8 @@ def test_no_token_leaves_before_the_engine_makes_it(timed):
 
 def test_a_sequence_slows_while_another_runs_beside_it(timed):
     body = dict(max_tokens=400, ignore_eos=True, **THINKING_OFF)
-    alone_model = speed_model.Rates(1000000, DECODE_TPS).request_seconds(20, 400)  # ~1 s
-    _status, _headers, _answer, alone = post(timed, body)
+    alone_model = alone(20, 400, speed_model.Rates(1000000, DECODE_TPS))[0].times[-1]  # ~1 s
+    _status, _headers, _answer, measured_alone = post(timed, body)
     together = []
 
     def send():
@@ -321,11 +319,11 @@ def test_a_sequence_slows_while_another_runs_beside_it(timed):
     for thread in threads:
         thread.start()
     # Side by side: both run at once (seen whenever the machine gets to it: each runs a second).
-    assert running_gauges(timed, running=2, waiting=0)
+    assert gauges_show(timed, running=2, waiting=0)
     for thread in threads:
         thread.join(30)
 
-    assert alone >= alone_model
+    assert measured_alone >= alone_model
     # Each keeps 1 / 1.2 of its speed alone: a decode step of two takes 1.2 times one's. A
     # bound from below, which a slow machine cannot break.
     assert len(together) == 2 and all(seconds >= 1.19 * (alone_model - 0.008) for seconds in together)
@@ -343,9 +341,9 @@ def test_a_request_beyond_max_num_seqs_waits_its_turn(timed):
     threads = [threading.Thread(target=send, args=(name,)) for name in "abc"]
     for thread in threads[:2]:
         thread.start()
-    assert running_gauges(timed, running=2, waiting=0)
+    assert gauges_show(timed, running=2, waiting=0)
     threads[2].start()
-    assert running_gauges(timed, running=2, waiting=1)
+    assert gauges_show(timed, running=2, waiting=1)
     for thread in threads:
         thread.join(30)
 

@@ -11,7 +11,7 @@ import pytest
 from engine_defaults import SUB168
 from engine_standin import memory_model, settings, speed_model, startup
 
-from standin_engines import ENGINE_FLAGS, SERVED
+from standin_engines import ENGINE_FLAGS, SERVED, metric
 
 GIB = memory_model.GIB
 LAB = memory_model.LAB_QWEN3_5_CONFIG
@@ -333,12 +333,6 @@ def test_a_streamed_answer_gets_the_out_of_memory_error_as_its_last_event(start)
 def test_the_break_switch_fragments_whatever_the_allocator(start):
     engine = start(env=dict(SLOW_PREFILL, BIV100_STANDIN_BREAK="fragmentation"))
     assert [status for status, _answer in two_long_prompts(engine)] == [200, 500]
-
-
-def metric(engine, name):
-    text = engine.request("GET", "/metrics")[1]
-    (line,) = [line for line in text.splitlines() if line.startswith(f"{name}{{")]
-    return float(line.rsplit(" ", 1)[1])
 
 
 def test_the_kv_cache_bounds_the_requests_running_beside_max_num_seqs(start):
