@@ -20,9 +20,9 @@ from ansible_collections.biv100.serving.plugins.module_utils._state_store import
 from ansible_collections.biv100.serving.plugins.plugin_utils._payload import (
     PayloadError,
     Target,
-    load_manifest,
     payload_digest,
     plan_for_host,
+    read_manifest,
     sha256_bytes,
 )
 from ansible_collections.biv100.serving.plugins.plugin_utils._unified_diff import PatchError, apply_patch
@@ -49,7 +49,8 @@ class ActionModule(ActionBase):
         # A relative payload_dir is found as other plugins find their files: beside the playbook.
         payload_dir = Path(self._loader.path_dwim(args["payload_dir"]))
         try:
-            targets = plan_for_host(load_manifest(payload_dir), facts, args.get("protected_extra") or [])
+            manifest = read_manifest(payload_dir)
+            targets = plan_for_host(manifest.entries, facts, args.get("protected_extra") or [])
         except PayloadError as error:
             raise AnsibleActionFail(f"payload {payload_dir}: {error}") from error
 
@@ -78,9 +79,11 @@ class ActionModule(ActionBase):
 
         current_digest = ((current.get("record") or {}).get("payload_digest"))
         if not stale and current_digest == digest and args.get("release") in (None, current["id"]):
-            plan.update(release=current["id"], unchanged=True, mappings=current["record"].get("mappings", []))
+            plan.update(release=current["id"], unchanged=True, mappings=current["record"].get("mappings", []),
+                        failure_points=current["record"].get("failure_points", []))
             result.update(changed=False, release=current["id"], changed_files=[], payload_digest=digest,
-                          mappings=plan["mappings"], new_folders=new_folders, plan=plan)
+                          mappings=plan["mappings"], failure_points=plan["failure_points"], new_folders=new_folders,
+                          plan=plan)
             return result
 
         plan.update(
@@ -91,7 +94,8 @@ class ActionModule(ActionBase):
                 for path, sha in sorted(desired.items())
             ],
             record=dict(args.get("record") or {}, payload_digest=digest, vllm_version=facts["version"],
-                        entries=sorted({target.entry.name for target in targets}), mappings=_mappings(targets)),
+                        entries=sorted({target.entry.name for target in targets}), mappings=_mappings(targets),
+                        failure_points=manifest.failure_points),
         )
         applied = self._present(plan, facts, state_dir, task_vars, compiled=[])
         if self._task.check_mode and not applied.get("failed"):
@@ -114,7 +118,7 @@ class ActionModule(ActionBase):
             if checked.get("failed"):
                 return checked
             return dict(changed=False, release=plan["release"], changed_files=[], payload_digest=plan["payload_digest"],
-                        mappings=plan["mappings"], new_folders=plan["new_folders"])
+                        mappings=plan["mappings"], failure_points=plan["failure_points"], new_folders=plan["new_folders"])
         return self._present(plan, facts, state_dir, task_vars, compiled=plan.get("compiled", []), checked=True)
 
     def _present(self, plan: dict, facts: dict, state_dir: str, task_vars: dict, compiled: list[str],
@@ -133,7 +137,7 @@ class ActionModule(ActionBase):
             module_args.update(_expect=plan["based_on"], _expect_current=plan["current"])
         applied = self._execute_module(module_name=MODULE, module_args=module_args, task_vars=task_vars)
         applied.update(payload_digest=plan["payload_digest"], mappings=plan["record"]["mappings"],
-                       new_folders=plan["new_folders"])
+                       failure_points=plan["record"]["failure_points"], new_folders=plan["new_folders"])
         return applied
 
     def _inventory(self, facts: dict, state_dir: str, targets: list[Target], task_vars: dict) -> dict:
@@ -205,8 +209,11 @@ def _b64(data: bytes) -> str:
 
 
 def _mappings(targets: list[Target]) -> list[dict]:
+    """The mapping of each entry that has one, with the files it installs on this host: what the
+    release changed against another is found by those files (module_utils/_release_changes.py)."""
     seen = {}
     for target in targets:
         if target.entry.mapping:
-            seen[target.entry.name] = dict(target.entry.mapping, entry=target.entry.name)
-    return [seen[name] for name in sorted(seen)]
+            mapping = seen.setdefault(target.entry.name, dict(target.entry.mapping, entry=target.entry.name, paths=[]))
+            mapping["paths"].append(target.path)
+    return [dict(seen[name], paths=sorted(seen[name]["paths"])) for name in sorted(seen)]

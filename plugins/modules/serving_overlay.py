@@ -133,7 +133,16 @@ payload_digest:
   returned: success
   type: str
 mappings:
-  description: The manifest's mapping records (idea, place, change, entry) of the entries the release carries.
+  description:
+    - The manifest's mapping records of the entries the release carries - source, place and change,
+      the checks that prove it (proven_by), the entry's name and the package paths it installs.
+  returned: success
+  type: list
+  elements: dict
+  sample: [{source: fast path / safe path split, place: serving_chat.py, change: patch, proven_by: [n-two],
+            entry: fast-path-chat, paths: [entrypoints/openai/serving_chat.py]}]
+failure_points:
+  description: The failure points the manifest declares fixed, each with what fixed it and the checks that prove it.
   returned: success
   type: list
   elements: dict

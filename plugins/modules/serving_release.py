@@ -13,9 +13,14 @@ short_description: Read a release of the on-host store, record its verdict, or e
 version_added: 0.1.0
 description:
   - Works on the release records M(biv100.serving.serving_overlay) writes, one job per O(state) -
-    read a release (V(query)), record its verdict (V(good), V(failed)), or hand over what the
-    submission bundle is built from (V(exported)). Each state takes only its own options; an
-    option of another state is an error naming it.
+    read a release (V(query)), record its verdict (V(good), V(failed)), record what the
+    competition platform said of it (V(platform)), or hand over what the submission bundle is
+    built from (V(exported)). Each state takes only its own options; an option of another state
+    is an error naming it.
+  - A verdict of the team's (V(good), V(failed)) also records what the release changed against
+    the last good release before it (the vendor's base when there is none) - the payload
+    entries whose files differ, each with its mapping, and the engine settings that differ,
+    each with the mapping O(mappings) declares for it - as RV(changes).
   - A release's files are compared with what is installed now, by sha256; a file the release
     removed must be absent, and a file reached through a link is never the release's.
   - A verdict is appended to the record's history with the time and O(reason); the record is
@@ -45,6 +50,11 @@ options:
       failed:
         - Record that the release failed, with O(reason), and O(engine) and O(gates) as far as
           the run got, for the post-mortem. The release is kept.
+      platform:
+        - Record the competition platform's verdict on the release - O(verdict), O(reason) and
+          O(figures) - beside the team's own, which it does not change. The record keeps every
+          verdict the platform gave, the last one first in RV(platform). For a release this host
+          lacks, RV(status) is null instead of a failure.
       exported:
         - Read what a submission bundle is built from (M(biv100.serving.serving_submission)) - the
           named O(release)'s whole record, the bytes of every file it installed, and the vendor's
@@ -61,9 +71,27 @@ options:
     description:
       - Why, recorded with the verdict in the release's history (the gates' summary, say, or the
         failed step).
-      - Only with O(state=good) (an empty reason when not given) and O(state=failed), where it is
-        required.
+      - Only with O(state=good) (an empty reason when not given), O(state=failed), where it is
+        required, and O(state=platform), where it is required with O(verdict=failed).
     type: str
+  verdict:
+    description: The platform's verdict; only with O(state=platform), where it is required.
+    type: str
+    choices: [passed, failed]
+  figures:
+    description:
+      - The figures the platform gave with its verdict (its throughput score, cases passed, quality
+        deviation, as it names them); only with O(state=platform).
+    type: dict
+  mappings:
+    description:
+      - The mappings of the engine settings, each C({settings, source, place, change, proven_by})
+        with C(settings) the variable names it covers (C(engine_args.dtype), C(engine_env.NAME),
+        C(engine_allocator)), as P(biv100.serving.setting_mappings#filter) makes them. A changed
+        setting none covers is recorded with an empty source.
+      - Only with O(state=good) and O(state=failed).
+    type: list
+    elements: dict
   engine:
     description:
       - The engine settings the verdict was reached with (arguments, allocator, variables), which
@@ -107,11 +135,13 @@ attributes:
     details:
       - With O(state=good) or O(state=failed), reports the status it would record and the
         releases it would remove; a release that is not staged yet (a check run of a deploy) is
-        reported as it would be marked. The other states only read.
+        reported as it would be marked. With O(state=platform), reports whether the verdict is
+        new. The other states only read.
   diff_mode:
     support: full
     details:
-      - With O(state=good) or O(state=failed), the release's status before and after.
+      - With O(state=good) or O(state=failed), the release's status before and after; with
+        O(state=platform), the platform's last verdict before and after.
 seealso:
   - module: biv100.serving.serving_overlay
   - module: biv100.serving.serving_retention
@@ -147,6 +177,14 @@ EXAMPLES = r"""
     release: sub511
     state: failed
     reason: "functional gate: 2 of 75 probes failed, first n-two"
+
+- name: Record that the platform failed the release
+  biv100.serving.serving_release:
+    package_root: "{{ ansible_facts.vllm_facts.package_root }}"
+    release: sub509
+    state: platform
+    verdict: failed
+    reason: n=3 cascaded into out-of-memory failures
 
 - name: Read what a submission bundle is built from
   biv100.serving.serving_release:
@@ -209,6 +247,26 @@ last_good:
   returned: with O(state=query), O(state=good) or O(state=failed)
   type: dict
   sample: {release: sub509, gates: {bench: {score: 8437.1}, quality: {score: 0.969}}}
+changes:
+  description:
+    - What the release changed against the last good release before it (the vendor's base when
+      there is none), one row per change - C(kind) (file or setting), C(source), C(place),
+      C(change), C(what) (the files, or each setting's old and new value), C(proven_by), and the
+      C(entry) or C(settings) it comes from. An empty C(source) is a change nothing maps.
+    - With O(state=good) and O(state=failed) as recorded now; with the other states as the
+      record holds them (null before a verdict of the team's).
+  returned: with O(state=query), O(state=good), O(state=failed) or O(state=platform)
+  type: list
+  elements: dict
+  sample: [{kind: setting, source: buddy_allocator.cu, place: computility-run.yaml env PYTORCH_CUDA_ALLOC_CONF,
+            change: PYTORCH_CUDA_ALLOC_CONF, what: max_split_size_mb = 512, proven_by: [two-long-prompts-at-once],
+            settings: [engine_allocator.max_split_size_mb]}]
+platform:
+  description: The platform's verdicts on the release, the last one first, each with its time, reason and figures.
+  returned: with O(state=query) or O(state=platform)
+  type: list
+  elements: dict
+  sample: [{verdict: failed, at: "20261204T101500Z", reason: n=3 cascaded into out-of-memory failures, figures: {}}]
 quality_baseline:
   description:
     - The release and score the quality gate compares with (as O(quality_baseline) names it;
@@ -246,6 +304,7 @@ import os
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.biv100.serving.plugins.module_utils._no_follow import Tree, UnsafePath
+from ansible_collections.biv100.serving.plugins.module_utils._release_changes import release_changes
 from ansible_collections.biv100.serving.plugins.module_utils._release_retention import prune
 from ansible_collections.biv100.serving.plugins.module_utils._serving_layer import REGISTRY, SERVING_TREES
 from ansible_collections.biv100.serving.plugins.module_utils._state_store import (
@@ -254,6 +313,7 @@ from ansible_collections.biv100.serving.plugins.module_utils._state_store import
     first_good,
     mark_status,
     read_json,
+    utc_timestamp,
     write_json,
 )
 
@@ -262,8 +322,9 @@ from ansible_collections.biv100.serving.plugins.module_utils._state_store import
 # from one left out; their defaults are applied where they are used.
 STATE_OPTIONS = {
     "query": ("quality_baseline",),
-    "good": ("reason", "engine", "gates", "quality_baseline", "keep_good", "keep_failed_days"),
-    "failed": ("reason", "engine", "gates"),
+    "good": ("reason", "engine", "gates", "mappings", "quality_baseline", "keep_good", "keep_failed_days"),
+    "failed": ("reason", "engine", "gates", "mappings"),
+    "platform": ("verdict", "reason", "figures"),
     "exported": (),
 }
 DEFAULT_KEEP_FAILED_DAYS = 14
@@ -334,6 +395,13 @@ def last_good(store, record):
     return {"release": release, "gates": read_json(store.release_record(release)).get("gates")}
 
 
+def changes_against_last_good(store, record, declarations):
+    """What the record's release changed against the last good release before it, or the base."""
+    release = first_good(record.get("previous"), lambda name: read_json(store.release_record(name)))
+    before = read_json(store.release_record(release)) if release is not None else None
+    return release_changes(record, before, declarations, read_json(store.base_index) or {})
+
+
 def serving_paths(package_root):
     """Every file under the serving trees, found without following a link (a linked folder is
     not descended into: the vendor's tree has none, and its files would not be the package's)."""
@@ -379,6 +447,8 @@ def release_read(module, store, release, record, baseline):
         engine=record.get("engine"),
         last_good=last_good(store, record),
         quality_baseline=baseline,
+        changes=record.get("changes"),
+        platform=list(reversed(record.get("platform") or [])),
     )
 
 
@@ -417,7 +487,7 @@ def mark(module, store):
             module.fail_json(msg="release %s has no record in %s" % (release, store.root))
         # A check run of a deploy: the staging that would write the record did not.
         result = dict(changed=True, release=release, status=status, previous_status=None, drift=[],
-                      files=0, gates=params["gates"], last_good=None, quality_baseline=baseline,
+                      files=0, gates=params["gates"], last_good=None, quality_baseline=baseline, changes=[],
                       msg="release %s would be staged and marked %s" % (release, status))
         if status == "good":
             result["removed"] = []
@@ -427,13 +497,17 @@ def mark(module, store):
     changed = status != previous
     engine_changed = params["engine"] is not None and record.get("engine") != params["engine"]
     gates_changed = params["gates"] is not None and record.get("gates") != params["gates"]
-    if (changed or engine_changed or gates_changed) and not module.check_mode:
+    changes = changes_against_last_good(store, dict(record, engine=params["engine"] or record.get("engine")),
+                                        params["mappings"] or [])
+    changes_changed = record.get("changes") != changes
+    if (changed or engine_changed or gates_changed or changes_changed) and not module.check_mode:
         if changed:
             mark_status(record, status, params["reason"] or "")
         if engine_changed:
             record["engine"] = params["engine"]
         if gates_changed:
             record["gates"] = params["gates"]
+        record["changes"] = changes
         write_json(record_path, record)
     baseline_changed = False
     first_score = quality_score({"gates": params["gates"]})
@@ -446,6 +520,7 @@ def mark(module, store):
     result.update(
         status=status,
         previous_status=previous,
+        changes=changes,
         gates=params["gates"] if gates_changed else record.get("gates"),
         msg="release %s: %s%s" % (release, status, " (was %s)" % previous if changed else ""),
     )
@@ -458,9 +533,40 @@ def mark(module, store):
                 keep_failed_days = DEFAULT_KEEP_FAILED_DAYS
             _kept, result["removed"], pruned = prune(store, params["keep_good"], keep_failed_days,
                                                      module.check_mode)
-    result["changed"] = changed or engine_changed or gates_changed or baseline_changed or pruned
+    result["changed"] = changed or engine_changed or gates_changed or changes_changed or baseline_changed or pruned
     if module._diff:
         result["diff"] = {"before": {"status": previous}, "after": {"status": status}}
+    module.exit_json(**result)
+
+
+def platform(module, store):
+    """state=platform: the platform's verdict appended to the record, unless it is the last one."""
+    params = module.params
+    release = params["release"] or store.current_release()
+    if params["verdict"] == "failed" and not params["reason"]:
+        module.fail_json(msg="verdict=failed needs a reason: what the platform said (reason=...)")
+    record_path = store.release_record(release) if release else None
+    record = read_json(record_path) if record_path else None
+    if record is None:
+        module.exit_json(changed=False, release=release, status=None, changes=None, platform=[],
+                         msg="release %s has no record in %s" % (release, store.root))
+    verdicts = list(record.get("platform") or [])
+    said = {"verdict": params["verdict"], "reason": params["reason"] or "", "figures": params["figures"] or {}}
+    last = dict(verdicts[-1]) if verdicts else None
+    if last is not None:
+        last.pop("at", None)
+    changed = last != said
+    if changed:
+        verdicts.append(dict(said, at=utc_timestamp()))
+        if not module.check_mode:
+            record["platform"] = verdicts
+            write_json(record_path, record)
+    result = dict(changed=changed, release=release, status=record.get("status"), changes=record.get("changes"),
+                  platform=list(reversed(verdicts)),
+                  msg="release %s: the platform's verdict %s%s" % (release, params["verdict"],
+                                                                  "" if changed else " (recorded already)"))
+    if module._diff:
+        result["diff"] = {"before": {"platform": last}, "after": {"platform": said}}
     module.exit_json(**result)
 
 
@@ -491,10 +597,14 @@ def main():
             quality_baseline=dict(type="str"),
             keep_good=dict(type="int"),
             keep_failed_days=dict(type="int"),
+            verdict=dict(type="str", choices=["passed", "failed"]),
+            figures=dict(type="dict"),
+            mappings=dict(type="list", elements="dict"),
         ),
         required_if=[
             ("state", "failed", ("reason",)),
             ("state", "exported", ("release",)),
+            ("state", "platform", ("verdict",)),
         ],
         supports_check_mode=True,
     )
@@ -511,6 +621,8 @@ def main():
         query(module, store)
     elif state == "exported":
         exported(module, store)
+    elif state == "platform":
+        platform(module, store)
     else:
         mark(module, store)
 

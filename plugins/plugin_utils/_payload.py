@@ -22,10 +22,12 @@ from pathlib import Path
 
 import yaml
 from ansible_collections.biv100.serving.plugins.module_utils._serving_layer import REGISTRY, SERVING_TREES, in_serving_trees
+from ansible_collections.biv100.serving.plugins.plugin_utils._mapping import MappingError, entry_mapping, failure_points, planned
 
 KINDS = ("file", "dir", "patch")
 ENTRY_KEYS = {"name", "kind", "src", "dest", "when", "base_sha256", "mapping"}
-MAPPING_KEYS = {"idea", "place", "change"}
+# The manifest's keys: the entries, and what it declares besides them (_mapping.py).
+MANIFEST_KEYS = {"entries", "failure_points", "planned"}
 NAME_PATTERN = re.compile(r"^[a-z0-9][a-z0-9-]*$")
 SHA256_PATTERN = re.compile(r"^[0-9a-f]{64}$")
 
@@ -59,20 +61,38 @@ class Target:
     source: Path  # the overlay file, or the patch for kind patch
 
 
+@dataclass(frozen=True)
+class Manifest:
+    """The payload's entries, the failure points it fixes and the mappings it plans."""
+
+    entries: list
+    failure_points: list
+    planned: list
+
+
 def load_manifest(payload_dir: Path) -> list[Entry]:
+    return read_manifest(payload_dir).entries
+
+
+def read_manifest(payload_dir: Path) -> Manifest:
     manifest_path = payload_dir / "manifest.yml"
     try:
         document = yaml.safe_load(manifest_path.read_text(encoding="utf-8"))
     except (OSError, yaml.YAMLError) as error:
         raise PayloadError(f"{manifest_path}: {error}") from error
-    if not isinstance(document, dict) or set(document) != {"entries"}:
-        raise PayloadError(f"{manifest_path}: expected a mapping with the single key 'entries'")
+    if not isinstance(document, dict) or "entries" not in document or set(document) - MANIFEST_KEYS:
+        raise PayloadError(f"{manifest_path}: expected a mapping of 'entries' (and optionally "
+                           "'failure_points' and 'planned')")
     raw_entries = document["entries"] or []
     if not isinstance(raw_entries, list):
         raise PayloadError(f"{manifest_path}: 'entries' must be a list")
     entries = [_entry(payload_dir, position, raw) for position, raw in enumerate(raw_entries, 1)]
     _refuse_duplicates("name", [entry.name for entry in entries])
-    return entries
+    try:
+        return Manifest(entries, failure_points(document.get("failure_points"), str(manifest_path)),
+                        planned(document.get("planned"), str(manifest_path)))
+    except MappingError as error:
+        raise PayloadError(str(error)) from None
 
 
 def _entry(payload_dir: Path, position: int, raw) -> Entry:
@@ -193,11 +213,10 @@ def _pin(label: str, kind: str, base_sha256) -> str | None:
 
 
 def _mapping(label: str, mapping) -> dict:
-    if mapping is None:
-        return {}
-    if not isinstance(mapping, dict) or set(mapping) - MAPPING_KEYS:
-        raise PayloadError(f"{label}: mapping takes the keys {', '.join(sorted(MAPPING_KEYS))}")
-    return {key: str(value) for key, value in mapping.items()}
+    try:
+        return entry_mapping(mapping, label)
+    except MappingError as error:
+        raise PayloadError(str(error)) from None
 
 
 def _refuse_duplicates(what: str, values: list[str], where: str = "the manifest") -> None:

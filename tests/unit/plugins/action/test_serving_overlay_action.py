@@ -339,7 +339,7 @@ def test_a_given_plan_is_installed_in_one_present_call_without_reading_the_manif
     def no_manifest(payload_dir):
         raise AssertionError(f"the manifest in {payload_dir} was read while installing a plan")
 
-    monkeypatch.setattr(overlay_action, "load_manifest", no_manifest)
+    monkeypatch.setattr(overlay_action, "read_manifest", no_manifest)
     plan = planned["plan"]
     result = run_action({"plan": plan, "state_dir": deployed.state_dir})
     assert result["changed"] and result["release"] == "sub511" and not result.get("failed"), result

@@ -230,7 +230,7 @@ def test_export_fails_naming_a_file_missing_from_the_release(release, store):
 
 
 @pytest.mark.parametrize("state, options, message", [
-    ("query", {"reason": "probes passed"}, "reason belongs to state=good or failed, not state=query"),
+    ("query", {"reason": "probes passed"}, "reason belongs to state=good or failed or platform, not state=query"),
     ("query", {"gates": GATES}, "gates belongs to state=good or failed, not state=query"),
     ("query", {"keep_good": 5}, "keep_good belongs to state=good, not state=query"),
     ("failed", {"reason": "probe n-two failed", "quality_baseline": "sub168"},
@@ -317,3 +317,61 @@ def test_the_quality_score_is_that_of_the_first_instance_by_name_that_has_one():
     assert serving_release.quality_score({"gates": {"instances": {"vllm-2": quality, "vllm-1": {"quality": None}}}}) == 0.9
     assert serving_release.quality_score({"gates": {"instances": {"vllm": {"bench": {}}}}}) is None
     assert serving_release.quality_score({}) is None
+
+
+# --- what the release changed, and what the platform said -----------------------------------------
+
+
+def write_record(store, release_id, **record):
+    folder = store["state"] / "releases" / release_id
+    folder.mkdir(parents=True)
+    (folder / "release.json").write_text(json.dumps(dict(id=release_id, **record)))
+
+
+def test_a_verdict_records_what_the_release_changed_against_the_last_good_one(release, store):
+    chat = {"entry": "chat", "source": "fast path", "place": "serving_chat.py", "change": "overlay",
+            "proven_by": [], "paths": [SERVING_CHAT]}
+    write_record(store, "sub509", status="good", digests={SERVING_CHAT: "older"}, mappings=[chat], entries=["chat"],
+                 engine={"instances": {"vllm": {"args": {"max_num_seqs": 2}, "allocator": {}, "env": {}}}})
+    record = json.loads(store["record"].read_text())
+    store["record"].write_text(json.dumps(dict(record, previous="sub509", mappings=[chat], entries=["chat"])))
+    engine = {"instances": {"vllm": {"args": {"max_num_seqs": 4}, "allocator": {}, "env": {}}}}
+    mappings = [{"settings": ["engine_args.max_num_seqs"], "source": "tune.yml", "proven_by": ["n-two"]}]
+
+    marked = release(state="good", engine=engine, mappings=mappings).result
+    again = release(state="good", engine=engine, mappings=mappings).result
+
+    # The dropped file is absent in both releases (and the vendor never had it): no change.
+    assert [(row["kind"], row["source"], row["what"]) for row in marked["changes"]] == [
+        ("file", "fast path", SERVING_CHAT),
+        ("setting", "tune.yml", "max_num_seqs 2 -> 4"),
+    ]
+    assert json.loads(store["record"].read_text())["changes"] == marked["changes"]
+    assert (again["changed"], again["changes"]) == (False, marked["changes"])
+    assert release().result["changes"] == marked["changes"]
+
+
+def test_the_platforms_verdict_is_kept_beside_the_teams_once_each_time_it_changes(release, store):
+    release(state="good")
+
+    failed = release(state="platform", verdict="failed", reason="n=3 cascaded into OOM", _ansible_diff=True).result
+    again = release(state="platform", verdict="failed", reason="n=3 cascaded into OOM").result
+    passed = release(state="platform", verdict="passed", figures={"score": 8437}).result
+
+    assert (failed["changed"], failed["status"], failed["platform"][0]["verdict"]) == (True, "good", "failed")
+    assert failed["diff"]["after"]["platform"]["reason"] == "n=3 cascaded into OOM"
+    assert (again["changed"], len(again["platform"])) == (False, 1)
+    assert [said["verdict"] for said in passed["platform"]] == ["passed", "failed"]
+    assert passed["platform"][0]["figures"] == {"score": 8437}
+    assert json.loads(store["record"].read_text())["status"] == "good"
+
+
+def test_a_platform_verdict_for_a_release_the_host_lacks_or_a_failure_without_a_reason(release, store):
+    before = store["record"].read_bytes()
+
+    absent = release(state="platform", release="sub999", verdict="passed").result
+    failed, unexplained = release(state="platform", verdict="failed")
+
+    assert (absent["changed"], absent["status"]) == (False, None)
+    assert failed and unexplained["msg"].startswith("verdict=failed needs a reason")
+    assert store["record"].read_bytes() == before

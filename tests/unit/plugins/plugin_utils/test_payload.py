@@ -13,6 +13,7 @@ import pytest
 from ansible_collections.biv100.serving.plugins.plugin_utils._payload import (
     PayloadError,
     load_manifest,
+    read_manifest,
     payload_digest,
     plan_for_host,
 )
@@ -139,7 +140,22 @@ def test_the_registry_entry_stays_where_only_the_patch_serves_the_model(payload)
     ("entries:\n  - {name: chat, kind: file, src: overlays/serving_chat.py, dest: serving_chat.py}\n"
      "  - {name: chat, kind: file, src: overlays/serving_chat.py, dest: protocol.py}\n",
      "the manifest: name chat is claimed by more than one entry"),
-    ("files: []\n", "expected a mapping with the single key 'entries'"),
+    ("files: []\n", "expected a mapping of 'entries'"),
+    ("entries:\n  - {name: chat, kind: file, src: overlays/serving_chat.py, dest: serving_chat.py,\n"
+     "     mapping: {why: speed}}\n",
+     "manifest entry 'chat': mapping has unknown keys why"),
+    ("entries:\n  - {name: chat, kind: file, src: overlays/serving_chat.py, dest: serving_chat.py,\n"
+     "     mapping: {idea: a, source: b}}\n",
+     "manifest entry 'chat': mapping gives both source and idea"),
+    ("entries:\n  - {name: chat, kind: file, src: overlays/serving_chat.py, dest: serving_chat.py,\n"
+     "     mapping: {source: a, proven_by: [N Two]}}\n",
+     "manifest entry 'chat': mapping proven_by must name probes"),
+    ("entries: []\nfailure_points:\n  - {name: n-above, failure: OOM, fixed_by: n-within}\n",
+     "failure point 1: missing proven_by"),
+    ("entries: []\nfailure_points:\n  - {name: n-above, failure: OOM, fixed_by: n-within, proven_by: []}\n",
+     "failure point 1 (n-above): proven_by names no check"),
+    ("entries: []\nplanned:\n  - {source: ConsumeTile, place: serving_chat.py}\n",
+     "planned mapping 1 must be a mapping of exactly source, place, change"),
 ])
 def test_a_malformed_manifest_is_refused_naming_the_entry(payload, body, message):
     write_manifest(payload, body)
@@ -261,3 +277,27 @@ def test_the_payload_digest_covers_paths_and_contents(payload):
     assert one != payload_digest(targets, {targets[0].path: b"b"})
     expected_line = targets[0].path.encode() + b"\0" + hashlib.sha256(b"a").hexdigest().encode() + b"\n"
     assert one == hashlib.sha256(expected_line).hexdigest()
+
+
+def test_a_mapping_reads_idea_as_source_and_the_manifest_its_failure_points_and_plans(payload):
+    write_manifest(payload, """\
+        entries:
+          - name: chat
+            kind: file
+            src: overlays/serving_chat.py
+            dest: serving_chat.py
+            mapping: {idea: fast path, place: serving_chat.py, change: overlay, proven_by: n-two}
+        failure_points:
+          - {name: n-above, failure: n above max_num_seqs, fixed_by: chat, proven_by: [n-above-max-num-seqs, guard]}
+        planned:
+          - {source: agent_reduce_by_key ConsumeTile, place: serving_chat.py, change: fast path / safe path split}
+    """)
+
+    manifest = read_manifest(payload)
+
+    assert manifest.entries[0].mapping == {"source": "fast path", "place": "serving_chat.py", "change": "overlay",
+                                           "proven_by": ["n-two"]}
+    assert manifest.failure_points == [{"name": "n-above", "failure": "n above max_num_seqs", "fixed_by": "chat",
+                                        "proven_by": ["n-above-max-num-seqs", "guard"]}]
+    assert manifest.planned == [{"source": "agent_reduce_by_key ConsumeTile", "place": "serving_chat.py",
+                                 "change": "fast path / safe path split"}]
