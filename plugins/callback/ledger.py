@@ -24,11 +24,15 @@ version_added: 0.1.0
 description:
   - At the end of every run of the collection's playbooks, appends one JSON line per host to
     C(ledger.jsonl) - time, playbook, submission id, release and its state, payload digest,
-    files changed, guard result, probe summary, engine arguments, the mappings (idea, place in
-    the base, kind of change) the release carries, the rollback if any, the first failure
-    with the engine's log tail when it has one, and the task at which the host became
-    unreachable, if it did - and regenerates C(LEDGER.md), a Markdown table
-    of all lines.
+    files changed, guard result, probe summary, engine arguments, what the release changed
+    against the last good release with each change's mapping (source, place in the base, kind
+    of change, the checks that prove it), the failure points it fixes, the platform's verdict,
+    the rollback if any, the first failure with the engine's log tail when it has one, and the
+    task at which the host became unreachable, if it did - and regenerates C(LEDGER.md).
+  - C(LEDGER.md) shows first the iterations, newest first - per release its verdicts here and
+    on the platform, the product brief's table of its changes (source, place in the base, kind
+    of change) with the checks that prove each and what its last run proved of them - then a
+    table of all lines.
   - The end-of-run lines and the table keep one line per host; a failure in them is its first
     line, cut at 240 characters. The engine's environment, which holds the clients' key, is
     never recorded, and the value of an C(--api-key) argument is masked.
@@ -82,6 +86,7 @@ from ansible_collections.biv100.serving.plugins.plugin_utils import _json_lines 
 from ansible_collections.biv100.serving.plugins.plugin_utils import _run_record as run_record
 from ansible_collections.biv100.serving.plugins.plugin_utils._atomic_file import write_atomic
 from ansible_collections.biv100.serving.plugins.plugin_utils._figure_cells import figure_cells
+from ansible_collections.biv100.serving.plugins.plugin_utils._iterations import iteration_section, iterations, markdown_table
 from ansible_collections.biv100.serving.plugins.plugin_utils._ledger_location import (
     LEDGER_FILE,
     LEDGER_VARIABLE,
@@ -298,7 +303,7 @@ def one_line(text, limit: int = SHOWN_FAILURE_CHARS) -> str:
 
 
 COLUMNS = ("time", "host", "playbook", "submission", "release", "state", "files changed",
-           "guard", "probes", "score", "output tok/s", "TTFT p99", "quality", "rollback", "mappings",
+           "guard", "probes", "score", "output tok/s", "TTFT p99", "quality", "rollback", "changes",
            "failure")
 
 
@@ -306,15 +311,13 @@ def table_row(line: dict) -> list[str]:
     rollback = line.get("rollback")
     if isinstance(rollback, dict):
         rollback = f"{rollback['from'] or 'base'} → {rollback['to']} ({len(rollback['files'])} files)"
-    mappings = "; ".join(f"{m.get('idea')} → {m.get('place')} ({m.get('change')})"
-                         for m in line.get("mappings") or [])
     return [line.get("time", ""), line.get("host", ""), line.get("playbook") or "",
             line.get("submission") or "", line.get("release") or "", line.get("state") or "",
             str(len(line.get("files_changed") or [])), one_line(line.get("guard") or "", 60),
             one_line(line.get("probes") or ""),
             # The gates' headline figures: blank when not measured, "(sim)" on the lab's stand-in.
             *figure_cells(line.get("bench"), line.get("quality")),
-            one_line(rollback or ""), mappings,
+            one_line(rollback or ""), str(len(line["changes"])) if isinstance(line.get("changes"), list) else "",
             one_line(line.get("failure") or lost_at(line))]
 
 
@@ -323,11 +326,17 @@ def lost_at(line: dict) -> str:
 
 
 def write_table(path: Path, lines: list[dict]) -> None:
-    def cell(text: str) -> str:
-        return text.replace("|", "\\|").replace("\n", " ")
-
     rows = ["# Deployment ledger", "",
-            f"Generated from {LEDGER_FILE} by the biv100.serving.ledger callback; do not edit.", "",
-            "| " + " | ".join(COLUMNS) + " |", "|" + " --- |" * len(COLUMNS)]
-    rows += ["| " + " | ".join(cell(value) for value in table_row(line)) + " |" for line in lines]
+            f"Generated from {LEDGER_FILE} by the biv100.serving.ledger callback; do not edit.", ""]
+    shown = iterations(lines)
+    if shown:
+        rows += ["## Iterations", "",
+                 "Newest first: what each release changed against the last good release before it (the "
+                 "vendor's base for a host's first), from its source to its place in the base, with the "
+                 "checks that prove each fix: ✓ passed in the release's last run on every host, ✗ failed, "
+                 "· not run.", ""]
+        for item in shown:
+            rows += iteration_section(item)
+        rows += ["## Runs", ""]
+    rows += markdown_table(COLUMNS, [table_row(line) for line in lines])
     write_atomic(path, "\n".join(rows) + "\n")

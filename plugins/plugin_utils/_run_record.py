@@ -33,8 +33,8 @@ SECRET_OPTIONS = ("--api-key",)
 QUALITY_KEYS = ("score", "cases", "correct", "baseline", "deviation", "bound", "passed", "simulated")
 
 # What a ledger line keeps of the record: the host's, and each instance's.
-LEDGER_HOST_KEYS = ("release", "state", "payload_digest", "files_changed", "mappings", "guard", "rollback",
-                    "canary", "tune")
+LEDGER_HOST_KEYS = ("release", "state", "payload_digest", "files_changed", "mappings", "changes", "failure_points",
+                    "platform", "guard", "rollback", "canary", "tune")
 LEDGER_INSTANCE_KEYS = ("engine_args", "probes", "failed_probes", "bench", "quality")
 
 
@@ -101,7 +101,7 @@ def staged(record: dict, _entry, result: dict) -> None:
     if "release" in result:
         record.update(release=result["release"], payload_digest=result.get("payload_digest"),
                       files_changed=result.get("changed_files", []), mappings=result.get("mappings", []),
-                      changed=bool(result.get("changed")))
+                      failure_points=result.get("failure_points", []), changed=bool(result.get("changed")))
 
 
 def guarded(record: dict, _entry, result: dict) -> None:
@@ -150,9 +150,14 @@ def canary(record: dict, _entry, result: dict) -> None:
 
 
 def marked(record: dict, _entry, result: dict) -> None:
-    """A serving_release result: the release it marked (or read) and its state."""
-    if result.get("release") and not result.get("failed"):
+    """A serving_release result: the release it marked (or read) and its state, what it changed
+    against the last good release, and the platform's last verdict on it."""
+    if result.get("release") and not result.get("failed") and result.get("status"):
         record.update(release=result["release"], state=result.get("status"))
+        if result.get("changes") is not None:
+            record["changes"] = result["changes"]
+        if result.get("platform"):
+            record["platform"] = result["platform"][0]
 
 
 def rolled_back(record: dict, _entry, result: dict) -> None:

@@ -26,8 +26,12 @@ from ansible_collections.biv100.serving.plugins.plugin_utils._project_folder imp
 GOOD = {"time": "2026-11-29T20:00:00Z", "host": "h1", "playbook": "deploy.yml", "submission": "sub511",
         "release": "sub511", "state": "good", "files_changed": ["a.py", "b.py"],
         "guard": "12 protected files as recorded (after stage)", "probes": "49/49 probes passed",
-        "mappings": [{"idea": "n within max_num_seqs", "place": "serving_chat.py", "change": "patch",
-                      "entry": "n-within-max-num-seqs"}]}
+        "mappings": [{"source": "n within max_num_seqs", "place": "serving_chat.py", "change": "patch",
+                      "entry": "n-within-max-num-seqs"}],
+        "changes": [{"kind": "file", "source": "n within max_num_seqs", "place": "serving_chat.py", "change": "patch",
+                     "what": "entrypoints/openai/serving_chat.py", "proven_by": ["n-above-max-num-seqs"]},
+                    {"kind": "setting", "source": "", "place": "computility-run.yaml env",
+                     "change": "environment variable", "what": "VLLM_LOGGING_LEVEL = DEBUG", "proven_by": []}]}
 ROLLED_BACK = {"time": "2026-11-29T20:00:00Z", "host": "h2", "playbook": "deploy.yml",
                "submission": "sub511", "release": "sub510", "state": "rolled back",
                "rollback": {"from": "sub511", "to": "sub510", "files": ["a.py"]},
@@ -38,6 +42,11 @@ def read_lines(path):
     return [line for _number, line in json_lines.read(path)]
 
 
+def runs_table(path):
+    """The rows of LEDGER.md's table of runs, its header first."""
+    return path.read_text().partition("## Runs\n")[2].strip().splitlines()
+
+
 def test_lines_are_appended_and_the_table_is_made_from_all_of_them(tmp_path):
     ledger = tmp_path / "ledger" / "ledger.jsonl"
     json_lines.append(ledger, [GOOD])
@@ -45,12 +54,18 @@ def test_lines_are_appended_and_the_table_is_made_from_all_of_them(tmp_path):
     write_table(tmp_path / "ledger" / "LEDGER.md", read_lines(ledger))
 
     assert [line["host"] for line in read_lines(ledger)] == ["h1", "h2"]
-    rows = (tmp_path / "ledger" / "LEDGER.md").read_text().splitlines()
-    assert rows[4].startswith("| time | host | playbook | submission | release | state |")
-    assert rows[6] == ("| 2026-11-29T20:00:00Z | h1 | deploy.yml | sub511 | sub511 | good | 2 | "
-                       "12 protected files as recorded (after stage) | 49/49 probes passed |  |  |  |  |  | "
-                       "n within max_num_seqs → serving_chat.py (patch) |  |")
-    assert "| sub511 → sub510 (1 files) |" in rows[7]
+    text = (tmp_path / "ledger" / "LEDGER.md").read_text()
+    iterations, runs = text.split("## Runs\n")
+    assert "### sub511\n\nh1 good, h2 rolled back to sub510; platform: no verdict recorded\n" in iterations
+    assert ("| n within max_num_seqs | serving_chat.py | patch | entrypoints/openai/serving_chat.py | "
+            "n-above-max-num-seqs ✓ |") in iterations
+    assert ("| (no mapping declared) | computility-run.yaml env | environment variable | "
+            "VLLM_LOGGING_LEVEL = DEBUG |  |") in iterations
+    rows = runs.strip().splitlines()
+    assert rows[0].startswith("| time | host | playbook | submission | release | state |")
+    assert rows[2] == ("| 2026-11-29T20:00:00Z | h1 | deploy.yml | sub511 | sub511 | good | 2 | "
+                       "12 protected files as recorded (after stage) | 49/49 probes passed |  |  |  |  |  | 2 |  |")
+    assert "| sub511 → sub510 (1 files) |" in rows[3]
 
 
 # --- the gates' figures ------------------------------------------------------------------------
@@ -81,7 +96,7 @@ def test_the_table_shows_score_output_rate_ttft_p99_and_quality_after_the_probes
         {**GOOD, "quality": {**quality, "baseline": None, "deviation": None}},
         ROLLED_BACK])
 
-    header, _rule, *rows = table.read_text().splitlines()[4:]
+    header, _rule, *rows = runs_table(table)
     columns = [cell.strip() for cell in header.strip("|").split("|")]
     assert columns[8:13] == ["probes", "score", "output tok/s", "TTFT p99", "quality"]
     cells = [[cell.strip() for cell in row.strip("|").split("|")] for row in rows]
@@ -178,7 +193,7 @@ def test_a_table_row_stays_one_bounded_line(tmp_path):
                         {**GOOD, "guard": "FAILED: 2 files differ:\nsampler.py\nsequence.py"},
                         {**ROLLED_BACK, "failure": "x" * 5000}])
 
-    rows = table.read_text().splitlines()[6:]
+    rows = runs_table(table)[2:]
     assert len(rows) == 3
     assert rows[0].endswith("; log tail (/var/log/biv100-serving/engine.log): [+3 lines] |")
     assert "| FAILED: 2 files differ: [+2 lines] |" in rows[1]
