@@ -95,7 +95,7 @@ class ActionModule(ActionBase):
             ],
             record=dict(args.get("record") or {}, payload_digest=digest, vllm_version=facts["version"],
                         entries=sorted({target.entry.name for target in targets}), mappings=_mappings(targets),
-                        failure_points=manifest.failure_points),
+                        failure_points=manifest.failure_points, planned=manifest.planned),
         )
         applied = self._present(plan, facts, state_dir, task_vars, compiled=[])
         if self._task.check_mode and not applied.get("failed"):

@@ -71,7 +71,7 @@ def iterations(lines: list[dict]) -> list[Iteration]:
                 "failed": {str(name) for name in line.get("failed_probes") or ()},
                 "guard": str(line["guard"]) if line.get("guard") else None}
     for release, item in found.items():
-        item.changes = _union(rows_by_host.get(release, {}))
+        item.changes = union_by_host(rows_by_host.get(release, {}))
         item.checks = _checks(item, list(proofs.get(release, {}).values()))
     return [item for item in reversed(list(found.values())) if release_shown(item)]
 
@@ -96,7 +96,7 @@ def _checks(item: Iteration, proofs: list[dict]) -> dict:
     return checks
 
 
-def _union(by_host: dict[str, list]) -> list[dict]:
+def union_by_host(by_host: dict[str, list]) -> list[dict]:
     """The rows of every host, once each in first-seen order; a row not every host recorded names
     the hosts that did (a host new to the fleet changed more than the others)."""
     seen: dict[tuple, dict] = {}

@@ -41,6 +41,8 @@ from ansible_collections.biv100.serving.plugins.module_utils._serving_layer impo
 from ansible_collections.biv100.serving.plugins.module_utils._vllm_layout import PROTECTED_LOCATIONS
 from ansible_collections.biv100.serving.plugins.plugin_utils import _patch_ops, _templates
 from ansible_collections.biv100.serving.plugins.plugin_utils._figure_cells import SIM, number
+from ansible_collections.biv100.serving.plugins.plugin_utils._iterations import COLUMNS as BRIEF_COLUMNS
+from ansible_collections.biv100.serving.plugins.plugin_utils._iterations import brief_rows, union_by_host
 
 RUN_FILE = "computility-run.yaml"
 SCRIPT = "patch_ops.sh"
@@ -53,8 +55,8 @@ SCRIPT_MODE = 0o755
 FILE_MODE = 0o644
 DIRECTORY_MODE = 0o755
 
-# What a mapping record says of a change of the serving layer, as the README's table shows it.
-MAPPING_FIELDS = ("idea", "place", "change", "entry")
+# What the README's table shows of a change planned but not built yet.
+NOT_BUILT = "not yet built"
 # What MANIFEST writes for "no such file" and for a fact the record does not hold.
 ABSENT = "-"
 VARIANT_ID_LENGTH = 12
@@ -449,7 +451,7 @@ def readme(bundle: Bundle, record: dict, included: list) -> str:
         bench={"verdict": _verdict((bench.get("gate") or {}).get("passed") if bench else None, bench),
                "figures": _bench_figures(bench)},
         simulated=any(figures and figures.get("simulated") for figures in (bench, quality)), sim=SIM,
-        mappings=_mappings(bundle, included),
+        columns=BRIEF_COLUMNS, changes=_changes(included), failure_points=_recorded(included, "failure_points"),
         variants=[{"id": variant.id, "hosts": variant.hosts, "installed": variant.installed, "kept": variant.kept,
                    "version": variant.vllm_version if variant.vllm_version != ABSENT else "not recorded"}
                   for variant in bundle.variants],
@@ -536,17 +538,26 @@ def _bench_figures(bench: dict | None) -> str:
     return _marked(text, bench)
 
 
-def _mappings(bundle: Bundle, included: list) -> list[dict]:
-    """The mapping records of every included host's release, once each and sorted, with the
-    variants that carry them (a conditional entry, such as the registry's, is in some variants only)."""
-    variant_of = {host: variant.id for variant in bundle.variants for host in variant.hosts}
-    carried: dict[tuple, set] = {}
+def _changes(included: list) -> list[list[str]]:
+    """The cells of the brief's table: what the release changed against the last good release on
+    each included host, once each (naming the hosts of a change not every host made), then the
+    changes the payload plans but has not built."""
+    recorded = {host.name: [row for row in host.record.get("changes") or [] if isinstance(row, dict)]
+                for host in included if isinstance(host.record.get("changes"), list)}
+    rows = brief_rows(union_by_host(recorded)) if recorded else []
+    for planned in _recorded(included, "planned"):
+        rows.append([str(planned.get(key) or "") for key in ("source", "place", "change")] + [NOT_BUILT, ""])
+    return rows
+
+
+def _recorded(included: list, key: str) -> list[dict]:
+    """A list the releases record alike on every host (the manifest's failure points, its planned
+    mappings): the first included host's that has one."""
     for host in included:
-        for mapping in host.record.get("mappings") or []:
-            if isinstance(mapping, dict):
-                key = tuple(str(mapping.get(name) or "") for name in MAPPING_FIELDS)
-                carried.setdefault(key, set()).add(variant_of[host.name])
-    return [dict(zip(MAPPING_FIELDS, key), variants=sorted(carried[key])) for key in sorted(carried)]
+        found = host.record.get(key)
+        if isinstance(found, list) and found:
+            return [item for item in found if isinstance(item, dict)]
+    return []
 
 
 # --- the archive -----------------------------------------------------------------------------

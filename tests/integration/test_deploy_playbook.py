@@ -199,6 +199,55 @@ def test_changing_one_argument_restarts_only_the_engine(lab, first_deploy, tmp_p
     assert back.rc == 0 and option_values(engine_process(host)[0])["--gpu-memory-utilization"] == "0.95"
 
 
+LAB_VARS = yaml.safe_load((REPO / "inventory" / "lab" / "group_vars" / "biv100.yml").read_text())
+NOTE = "entrypoints/openai/biv100_trace_note.py"
+
+
+def test_a_release_that_changed_a_file_an_env_variable_and_a_launch_parameter_is_drawn_as_the_brief_table(
+        lab, first_deploy, tmp_path):
+    host = lab.hosts[1]
+    ledger = tmp_path / "ledger"
+    payload = copy_payload(tmp_path)
+    overlay(payload, "trace-note", NOTE, "NOTE = 'trace'\n", mapping={
+        "source": "agent_reduce_by_key ConsumeTile", "place": "serving_chat.py", "change": "fast path / safe path split",
+        "proven_by": ["chat-basic"]})
+    mappings = LAB_VARS["serving_mappings"] + [
+        {"settings": "engine_env.VLLM_LOGGING_LEVEL", "source": "buddy_allocator.cu", "change": "logging level"}]
+    changed = run_playbook(DEPLOY, lab.inventory_path, tmp_path / "changed", limit=host.name, extravars={
+        "serving_release": "sub512", "stage_payload_dir": str(payload), "serving_ledger_dir": str(ledger),
+        "serving_mappings": mappings, "engine_args": sub168(gpu_memory_utilization=0.9),
+        "engine_env": {**LAB_VARS["engine_env"], "VLLM_LOGGING_LEVEL": "DEBUG"}})
+    assert changed.rc == 0, changed.stats
+    verdict = run_playbook("record_verdict.yml", lab.inventory_path, tmp_path / "verdict", extravars={
+        "serving_release": "sub512", "verdict": "failed", "reason": "n=3 cascaded into out-of-memory failures",
+        "serving_ledger_dir": str(ledger)})
+    again = run_playbook("record_verdict.yml", lab.inventory_path, tmp_path / "again", extravars={
+        "serving_release": "sub512", "verdict": "failed", "reason": "n=3 cascaded into out-of-memory failures",
+        "serving_ledger_dir": str(ledger)})
+    back = run_playbook(DEPLOY, lab.inventory_path, tmp_path / "back", limit=host.name,
+                        extravars={"serving_release": "sub510", "serving_ledger_dir": str(ledger)})
+
+    assert verdict.rc == 0 and verdict.hosts_with("changed") == {host.name}, verdict.stats
+    assert again.rc == 0 and not again.hosts_with("changed"), again.stats
+    assert back.rc == 0, back.stats
+    record = json.loads(host.path(f"{STATE}/releases/sub512/release.json").read_text())
+    assert (record["status"], record["platform"][-1]["verdict"]) == ("good", "failed")
+    text = (ledger / "LEDGER.md").read_text()
+    section = text[text.index("### sub512"):text.index("### sub510")]
+    assert (f"{host.name} good; platform failed: n=3 cascaded into out-of-memory failures") in section
+    assert (f"| agent_reduce_by_key ConsumeTile | serving_chat.py | fast path / safe path split | {NOTE} | "
+            "chat-basic ✓ |") in section
+    assert ("| device_reduce policy_selector | computility-run.yaml params | launch parameters aligned with Sub168 | "
+            "gpu_memory_utilization 0.95 -> 0.9 | long-prompt-chunked-prefill ✓, two-concurrent-requests ✓, "
+            "n-above-max-num-seqs ✓ |") in section
+    assert ("| buddy_allocator.cu | computility-run.yaml env | logging level | VLLM_LOGGING_LEVEL = DEBUG |  |"
+            in section)
+    # Going back changed the same three things the other way, against sub512, the last good release.
+    back_section = text[text.index("### sub510"):]
+    assert "gpu_memory_utilization 0.9 -> 0.95" in back_section and "VLLM_LOGGING_LEVEL DEBUG -> (unset)" in back_section
+    assert "removed: fast path / safe path split" in back_section
+
+
 @pytest.mark.parametrize("extravars, messages", [
     # Preflight's tensor-parallel size is the engine's, in the lab's inventory as in any other.
     ({"engine_args": sub168(tensor_parallel_size=8)}, ["tensor_parallel_size is 8 but /usr/local/corex/bin/ixsmi reports 4 GPUs"]),

@@ -49,10 +49,26 @@ BASES = {
 INSTALLED = {CHAT: b"# chat serving with n=2\n", PARSER: b"# the qwen3_5 reasoning parser\n",
              REGISTRY: b"# registry with Qwen3_5\n"}
 MAPPINGS = {
-    CHAT: {"idea": "n>1 choices", "place": CHAT, "change": "file", "entry": "serving-chat"},
-    PARSER: {"idea": "thinking split", "place": "reasoning/", "change": "file", "entry": "qwen3-5-parser"},
-    REGISTRY: {"idea": "register Qwen3_5", "place": REGISTRY, "change": "patch", "entry": "qwen3-5-registry"},
+    CHAT: {"source": "n>1 choices", "place": CHAT, "change": "file", "entry": "serving-chat", "paths": [CHAT],
+           "proven_by": ["n-two"]},
+    PARSER: {"source": "thinking split", "place": "reasoning/", "change": "file", "entry": "qwen3-5-parser",
+             "paths": [PARSER], "proven_by": []},
+    REGISTRY: {"source": "register Qwen3_5", "place": REGISTRY, "change": "patch", "entry": "qwen3-5-registry",
+               "paths": [REGISTRY], "proven_by": ["chat-basic"]},
 }
+# What serving_release recorded each release changed against the last good one.
+ALLOCATOR = {"kind": "setting", "source": "buddy_allocator.cu", "place": "computility-run.yaml env",
+             "change": "PYTORCH_CUDA_ALLOC_CONF", "what": "max_split_size_mb = 512",
+             "proven_by": ["two-long-prompts-at-once"], "settings": ["engine_allocator.max_split_size_mb"]}
+FAILURE_POINTS = [{"name": "model-layer-untouched", "failure": "model-layer files deployed",
+                   "fixed_by": "the guard", "proven_by": ["guard"]}]
+PLANNED = [{"source": "agent_reduce_by_key ConsumeTile", "place": "serving_chat.py",
+            "change": "fast path / safe path split"}]
+
+
+def changes(paths):
+    return [dict(kind="file", what=path, **{key: value for key, value in MAPPINGS[path].items() if key != "paths"})
+            for path in paths] + [ALLOCATOR]
 
 
 def sha(data: bytes) -> str:
@@ -86,6 +102,7 @@ def export(version="0.10.1.1", status="good", run=RUN, **record_fields):
                                           "platform_run": run}}},
         "vllm_version": version, "payload_digest": "9" * 64,
         "mappings": [MAPPINGS[path] for path in paths],
+        "changes": changes(paths), "failure_points": FAILURE_POINTS, "planned": PLANNED,
         "gates": {"instances": {"vllm": copy.deepcopy(GATES)}},
         "history": [{"status": "pending", "at": "2026-12-01T10:00:00Z", "reason": "staged"},
                     {"status": status, "at": "2026-12-01T10:20:00Z",
@@ -403,10 +420,14 @@ def test_the_readme_says_what_the_bundle_holds_how_to_use_it_and_what_the_releas
             "9755.5 output tok/s; 2000.0 input tok/s; 11755.5 total tok/s; 2.5 requests/s; "
             "TTFT p50/p90/p99 120.0/180.0/240.0 ms; TPOT p50/p90/p99 30.0/45.0/60.0 ms; ") in readme
     assert "(sim): simulated - measured on the lab's engine stand-in" in readme
-    # The mapping records, once each, with the variants that carry them.
-    assert f"| n>1 choices | {CHAT} | file | serving-chat | {', '.join(sorted([OLD_ID, NEW_ID]))} |" in readme
-    assert f"| register Qwen3_5 | {REGISTRY} | patch | qwen3-5-registry | {OLD_ID} |" in readme
-    assert f"| thinking split | reasoning/ | file | qwen3-5-parser | {', '.join(sorted([OLD_ID, NEW_ID]))} |" in readme
+    # The brief's table: each change once, naming the hosts of one not every host made, then the planned.
+    assert "| source | place in the base | kind of change | what changed | proven by |" in readme
+    assert f"| n>1 choices | {CHAT} | file | {CHAT} | n-two |" in readme
+    assert f"| register Qwen3_5 | {REGISTRY} | patch | {REGISTRY} (on h1, h2) | chat-basic |" in readme
+    assert ("| buddy_allocator.cu | computility-run.yaml env | PYTORCH_CUDA_ALLOC_CONF | max_split_size_mb = 512 | "
+            "two-long-prompts-at-once |") in readme
+    assert "| agent_reduce_by_key ConsumeTile | serving_chat.py | fast path / safe path split | not yet built |  |" in readme
+    assert "- model-layer files deployed: fixed by the guard; proven by guard." in readme
     assert (f"| `{NEW_ID}` | 0.11.0 | h3 | `{CHAT}`, `{PARSER}` | `{REGISTRY}` |") in readme
     assert (f"| `{OLD_ID}` | 0.10.1.1 | h1, h2 | `{CHAT}`, `{REGISTRY}`, `{PARSER}` | - |") in readme
     assert "| h4 | runs another engine: model: /opt/models/qwen3_moe (line 5" in readme
@@ -423,10 +444,11 @@ def test_the_readme_of_real_figures_or_none_says_so():
     assert "None: every named host ran the engine of computility-run.yaml." in readme
 
     del record["gates"]
-    record["mappings"] = []
+    record.update(changes=[], planned=[], failure_points=[])
     readme = build("sub510", hosts).files["README.md"].decode()
     assert "| quality | not measured | - |" in readme and "| throughput | not measured | - |" in readme
-    assert "The release records no mapping record." in readme
+    assert "The release records no change against the last good release." in readme
+    assert "Fixed failure points" not in readme
 
     hosts[0]["export"]["record"]["gates"] = {"instances": {"vllm": {
         "bench": dict(GATES["bench"], gate={"score": 9000, "passed": False})}}}
