@@ -44,6 +44,11 @@ class Iteration:
 def iterations(lines: list[dict]) -> list[Iteration]:
     """One Iteration per release that recorded changes, failure points or a platform verdict,
     newest first (by the ledger line that first names it)."""
+    return [item for item in reversed(gathered(lines)) if release_shown(item)]
+
+
+def gathered(lines: list[dict]) -> list[Iteration]:
+    """One Iteration per release the ledger names, oldest first."""
     found: dict[str, Iteration] = {}
     rows_by_host: dict[str, dict[str, list]] = {}
     proofs: dict[str, dict[str, dict]] = {}  # release -> host -> what its last run there proved
@@ -73,7 +78,7 @@ def iterations(lines: list[dict]) -> list[Iteration]:
     for release, item in found.items():
         item.changes = union_by_host(rows_by_host.get(release, {}))
         item.checks = _checks(item, list(proofs.get(release, {}).values()))
-    return [item for item in reversed(list(found.values())) if release_shown(item)]
+    return list(found.values())
 
 
 def release_shown(item: Iteration) -> bool:
@@ -165,3 +170,43 @@ def iteration_section(item: Iteration) -> list[str]:
             f"{point.get('failure')} ({check_marks(point.get('proven_by'), item.checks)})"
             for point in item.failure_points), ""]
     return rows
+
+
+# --- the report's verdicts ------------------------------------------------------------------------
+
+
+@dataclass
+class Verdicts:
+    """One release's verdicts: per fleet (its ledger), the hosts' states; the platform's last."""
+
+    release: str
+    fleets: dict  # fleet name -> "good ×4, rolled back to sub510 ×1" or ""
+    platform: str
+    disagree: bool
+
+
+def verdicts(ledgers: dict[str, list[dict]]) -> list[Verdicts]:
+    """Per release of any of the fleets' ledgers (fleet name -> its lines), newest first by the
+    first ledger's order then the others': each fleet's verdict and the platform's last. A release
+    disagrees when the platform failed it and a fleet found it good, or passed it and a fleet did
+    not keep it."""
+    found: dict[str, dict[str, Iteration]] = {}
+    for name, lines in ledgers.items():
+        for item in gathered(lines):
+            found.setdefault(item.release, {})[name] = item
+    shown = []
+    for release, by_fleet in found.items():
+        platform = next((item.platform for item in by_fleet.values() if item.platform), None)
+        states = {name: list(item.states.values()) for name, item in by_fleet.items()}
+        good = any("good" in values for values in states.values())
+        kept_nowhere = any(values and "good" not in values for values in states.values())
+        verdict = (platform or {}).get("verdict")
+        said = "" if not platform else f"{verdict}" + (f": {platform['reason']}" if platform.get("reason") else "")
+        shown.append(Verdicts(release, {name: _counted(states.get(name, [])) for name in ledgers}, said,
+                              (verdict == "failed" and good) or (verdict == "passed" and kept_nowhere)))
+    return list(reversed(shown))
+
+
+def _counted(states: list[str]) -> str:
+    counts = {state: states.count(state) for state in states}
+    return ", ".join(f"{state} ×{count}" for state, count in counts.items())

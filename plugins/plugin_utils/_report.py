@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from ansible_collections.biv100.serving.plugins.plugin_utils import _templates
 from ansible_collections.biv100.serving.plugins.plugin_utils._figure_cells import SIM, figure_cells
+from ansible_collections.biv100.serving.plugins.plugin_utils._iterations import verdicts
 from ansible_collections.biv100.serving.plugins.plugin_utils._report_canary import Analysis, analyses, canary_cells, canary_figure
 from ansible_collections.biv100.serving.plugins.plugin_utils._report_figures import (
     LATENCIES,
@@ -42,9 +43,11 @@ CANARY_TABLE_COLUMNS = ("release", "canary", "baseline", "baseline kind", "basel
 
 
 def page(fleet: str, lines: list[dict], table: list[Row], plotted: dict, judged: list[Analysis],
-         runs: list[TuneRun] = ()) -> str:
-    """index.html, files/report/index.html.j2 filled in (autoescaped) with the ledger's rows, its
-    canary analyses and the tuning runs."""
+         runs: list[TuneRun] = (), compared: dict | None = None) -> str:
+    """index.html, files/report/index.html.j2 filled in (autoescaped) with the ledger's rows, the
+    verdicts of each release here, in the compared fleets (name -> their ledger's lines) and on
+    the platform, its canary analyses and the tuning runs."""
+    ledgers = {fleet: lines, **(compared or {})}
     points = plotted["score"] + plotted["deviation"] + [
         point for key, _name in LATENCIES for percentile in PERCENTILES for point in plotted["latency"][key][percentile]]
     times = [str(line["time"]) for line in lines if line.get("time")]
@@ -58,6 +61,7 @@ def page(fleet: str, lines: list[dict], table: list[Row], plotted: dict, judged:
         plots={"score": SCORE_PLOT, "latency": LATENCY_PLOT, "quality": QUALITY_PLOT},
         weights=plotted["weights"], gates=[f"{gate:g}" for gate in plotted["gates"]],
         bounds=[f"{100 * bound:g}" for bound in plotted["bounds"]],
+        verdict_fleets=list(ledgers), verdicts=_verdicts(ledgers),
         columns=TABLE_COLUMNS,
         rows=[{"cells": (row.release, row.host, row.state), "figures": figure_cells(row.bench, row.quality),
                "gates": [{"name": gate, "passed": passed, "why": why} for gate, passed, why in gate_cells(row)]}
@@ -69,10 +73,18 @@ def page(fleet: str, lines: list[dict], table: list[Row], plotted: dict, judged:
     )
 
 
-def render(lines: list[dict], fleet: str, runs: list[TuneRun] = ()) -> dict[str, bytes]:
+def _verdicts(ledgers: dict) -> list:
+    """The verdicts table's rows, when it says more than the releases' table: a platform verdict
+    recorded, or another fleet's ledger beside this one."""
+    rows_ = verdicts(ledgers)
+    return rows_ if len(ledgers) > 1 or any(row.platform for row in rows_) else []
+
+
+def render(lines: list[dict], fleet: str, runs: list[TuneRun] = (), compared: dict | None = None) -> dict[str, bytes]:
     """The report of a ledger's lines and of the tuning runs (load_tuning_runs), file name ->
     bytes: the three PNG plots, a canary plot per canary analysis (none when the ledger has
-    none), a tuning plot per run, and index.html."""
+    none), a tuning plot per run, and index.html, whose verdicts table sets the compared fleets'
+    ledgers (name -> lines) beside this one's."""
     table = rows(lines)
     plotted = series(table)
     hosts = list(dict.fromkeys(row.host for row in table))
@@ -83,7 +95,7 @@ def render(lines: list[dict], fleet: str, runs: list[TuneRun] = ()) -> dict[str,
             files[analysis.plot] = png(canary_figure(analysis))
         for run in runs:
             files[run.plot] = png(tune_figure(run, plotted["gates"]))
-    files[INDEX] = page(fleet, lines, table, plotted, judged, runs).encode("utf-8")
+    files[INDEX] = page(fleet, lines, table, plotted, judged, runs, compared).encode("utf-8")
     return files
 
 

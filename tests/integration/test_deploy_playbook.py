@@ -224,8 +224,9 @@ def test_a_release_that_changed_a_file_an_env_variable_and_a_launch_parameter_is
     again = run_playbook("record_verdict.yml", lab.inventory_path, tmp_path / "again", extravars={
         "serving_release": "sub512", "verdict": "failed", "reason": "n=3 cascaded into out-of-memory failures",
         "serving_ledger_dir": str(ledger)})
+    # The shipped payload again, under a new id: sub510's record does not name the file sub512 added.
     back = run_playbook(DEPLOY, lab.inventory_path, tmp_path / "back", limit=host.name,
-                        extravars={"serving_release": "sub510", "serving_ledger_dir": str(ledger)})
+                        extravars={"serving_release": "sub513", "serving_ledger_dir": str(ledger)})
 
     assert verdict.rc == 0 and verdict.hosts_with("changed") == {host.name}, verdict.stats
     assert again.rc == 0 and not again.hosts_with("changed"), again.stats
@@ -233,7 +234,7 @@ def test_a_release_that_changed_a_file_an_env_variable_and_a_launch_parameter_is
     record = json.loads(host.path(f"{STATE}/releases/sub512/release.json").read_text())
     assert (record["status"], record["platform"][-1]["verdict"]) == ("good", "failed")
     text = (ledger / "LEDGER.md").read_text()
-    section = text[text.index("### sub512"):text.index("### sub510")]
+    section = text[text.index("### sub512"):text.index("## Runs")]
     assert (f"{host.name} good; platform failed: n=3 cascaded into out-of-memory failures") in section
     assert (f"| agent_reduce_by_key ConsumeTile | serving_chat.py | fast path / safe path split | {NOTE} | "
             "chat-basic ✓ |") in section
@@ -243,7 +244,7 @@ def test_a_release_that_changed_a_file_an_env_variable_and_a_launch_parameter_is
     assert ("| buddy_allocator.cu | computility-run.yaml env | logging level | VLLM_LOGGING_LEVEL = DEBUG |  |"
             in section)
     # Going back changed the same three things the other way, against sub512, the last good release.
-    back_section = text[text.index("### sub510"):]
+    back_section = text[text.index("### sub513"):text.index("### sub512")]
     assert "gpu_memory_utilization 0.9 -> 0.95" in back_section and "VLLM_LOGGING_LEVEL DEBUG -> (unset)" in back_section
     assert "removed: fast path / safe path split" in back_section
 

@@ -794,3 +794,20 @@ def test_a_torn_last_line_is_warned_about_and_a_broken_file_named(tmp_path):
     (path.parent / "proposal.yml").write_text("- a list\n")
     with pytest.raises(ReportError, match="proposal.yml: not the mapping of engine settings"):
         load_tuning_runs(tmp_path)
+
+
+def test_the_platforms_verdict_stands_beside_this_fleets_and_the_labs_and_a_disagreement_is_marked():
+    fleet = ledger(2) + [line("r1", "h1", 59, playbook="record_verdict.yml",
+                              platform={"verdict": "failed", "reason": "n=3 OOM", "figures": {}})]
+    lab = [line("r1", "lab-h1", 1), line("r1", "lab-h1", 2, state="rolled back",
+                                          rollback={"from": "r2", "to": "r1", "files": []})]
+    page = Cells()
+    page.feed(render(fleet, "biv100", compared={"lab": lab})[INDEX].decode())
+
+    header, *body = page.rows[:4]
+    assert header == ["release", "biv100", "lab", "platform"]
+    assert body == [
+        ["r2", "-", "rolled back to r1 ×1", "no verdict recorded"],
+        ["r1 (disagrees)", f"good ×{len(HOSTS)}", "good ×1", "failed: n=3 OOM"],
+        ["r0", f"good ×{len(HOSTS)}", "-", "no verdict recorded"],
+    ]
