@@ -58,6 +58,7 @@ ARGUMENT_SPEC = {
     "ledger_dir": {"type": "path"},
     "dest": {"type": "path"},
     "tune_dir": {"type": "path"},
+    "compare": {"type": "list", "elements": "path", "default": []},
 }
 
 
@@ -112,6 +113,14 @@ def remove_stale(dest: Path, files: dict[str, bytes], check: bool) -> list[str]:
     return stale
 
 
+def _compared_ledger(folder: str) -> Path:
+    ledger = Path(folder).absolute() / LEDGER_FILE
+    if not ledger.is_file():
+        raise ReportError(f"compare: no deployment ledger at {ledger}: name the folder of another fleet's "
+                          "ledger.jsonl (ledger/lab, say)")
+    return ledger
+
+
 class ActionModule(ControllerAction):
     ARGUMENT_SPEC = ARGUMENT_SPEC
 
@@ -140,7 +149,9 @@ class ActionModule(ControllerAction):
         try:
             lines = load_ledger(ledger, display.warning)
             runs = load_tuning_runs(tunes, display.warning)
-            files = render(lines, fleet, runs)
+            compared = {Path(folder).absolute().name: load_ledger(_compared_ledger(folder), display.warning)
+                        for folder in args["compare"]}
+            files = render(lines, fleet, runs, compared)
         except ReportError as error:
             raise AnsibleActionFail(str(error)) from None
         table = rows(lines)

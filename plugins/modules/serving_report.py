@@ -20,6 +20,10 @@ description:
     PNG plots of the releases' figures, a PNG plot per canary analysis, a PNG plot per tuning run
     found in O(tune_dir), and a static C(index.html) that shows them with a table of the releases,
     one of the canary analyses and one per tuning run.
+  - The page's verdicts table gives, per release, the states its hosts ended in here and in each
+    fleet of O(compare), and the platform's last verdict (recorded by C(record_verdict.yml)),
+    marking a release the platform failed that a fleet found good, or passed that no host kept.
+    It is shown once a platform verdict is recorded or a fleet is compared.
   - C(score.png) - the weighted throughput score per release and host, with the throughput
     gate's line, both as the figures recorded them (the competition's weights are 0.83 x output
     tok/s + 0.17 x input tok/s, its gate a score of 8000).
@@ -105,6 +109,15 @@ options:
         left out with a warning; any other line that is not a record fails the task, naming the
         file and the line.
     type: path
+  compare:
+    description:
+      - Other fleets' ledger folders (the lab's, C(ledger/lab), say), each named by its folder, whose
+        states of each release the page's verdicts table sets beside this fleet's and the
+        platform's last verdict, so that a release that passed here and failed there stands out.
+      - Each must hold a C(ledger.jsonl).
+    type: list
+    elements: path
+    default: []
 extends_documentation_fragment:
   - biv100.serving.controller_action
   - ansible.builtin.action_common_attributes

@@ -214,6 +214,20 @@ def test_a_missing_ledger_fails_naming_where_it_was_looked_for(tmp_path):
     assert not (tmp_path / "report").exists()
 
 
+def test_a_compared_fleets_ledger_is_read_by_its_folders_name_or_named_when_missing(tmp_path):
+    write_ledger(tmp_path / "biv100")
+    write_ledger(tmp_path / "lab")
+    result = run_action({"ledger_dir": str(tmp_path / "biv100"), "dest": str(tmp_path / "report"),
+                         "compare": [str(tmp_path / "lab")]})
+    page = (tmp_path / "report" / "index.html").read_text()
+    assert result["changed"] and "<th>lab</th>" in page
+
+    with pytest.raises(AnsibleActionFail, match=f"compare: no deployment ledger at {tmp_path / 'gone' / 'ledger.jsonl'}"):
+        run_action({"ledger_dir": str(tmp_path / "biv100"), "dest": str(tmp_path / "other"),
+                    "compare": [str(tmp_path / "gone")]})
+    assert not (tmp_path / "other").exists()
+
+
 # --- real runs: the report playbook with any inventory ------------------------------------------
 
 @pytest.fixture
