@@ -166,9 +166,9 @@ def iteration_section(item: Iteration) -> list[str]:
     else:
         rows += ["No change against the last good release.", ""]
     if item.failure_points:
-        rows += ["Fixed failure points: " + "; ".join(
-            f"{point.get('failure')} ({check_marks(point.get('proven_by'), item.checks)})"
-            for point in item.failure_points), ""]
+        rows += ["Fixed failure points:", ""]
+        rows += [f"- {point.get('failure')}: {check_marks(point.get('proven_by'), item.checks)}"
+                 for point in item.failure_points] + [""]
     return rows
 
 

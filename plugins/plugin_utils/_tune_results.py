@@ -201,7 +201,8 @@ def _check(record, where: str) -> None:
 
 def proposal(best: dict, incumbent: dict, about: dict | None = None, inventory: str = "<inventory>") -> str:
     """The YAML document of proposal.yml: engine_args, engine_allocator and engine_env of `best`,
-    each whole, since -e replaces a dict rather than merging it. best and incumbent are records
+    each whole, since -e replaces a dict rather than merging it, and serving_tune_mappings, the
+    mapping of what it changes to this run. best and incumbent are records
     (or candidates); about holds what the header says it was measured under (run, host,
     release, workload, space, the judge's verdict, ...), one `# key: value` line each;
     inventory is the -i argument the header's deploy command names."""
@@ -224,9 +225,29 @@ def proposal(best: dict, incumbent: dict, about: dict | None = None, inventory: 
         header.append("# changed: " + "; ".join(changes))
     if any((item.get("figures") or {}).get("simulated") for item in (best, incumbent)):
         header.append("# The figures are simulated: measured against the lab's engine stand-in.")
-    document = yaml.safe_dump(settings, sort_keys=False, default_flow_style=False, allow_unicode=True,
-                              explicit_start=True, width=100)
+    header.append("# serving_tune_mappings records where each changed setting came from: this run.")
+    mappings = [] if best["id"] == incumbent["id"] else tune_mappings(_settings(incumbent), settings, run)
+    document = yaml.safe_dump({**settings, "serving_tune_mappings": mappings}, sort_keys=False,
+                              default_flow_style=False, allow_unicode=True, explicit_start=True, width=100)
     return "\n".join(header) + "\n" + document
+
+
+# The kind of change a tuned setting is, by its section (serving_mappings' `change`).
+TUNED_CHANGE = {"engine_args": "tuned launch parameter", "engine_allocator": "tuned PYTORCH_CUDA_ALLOC_CONF",
+                "engine_env": "tuned environment variable"}
+
+
+def tune_mappings(before: dict, after: dict, run) -> list[dict]:
+    """serving_tune_mappings of a proposal: per section, the settings it changes, mapped to the
+    tuning run they come from (the place is left to the section's: the run file's parameters or env)."""
+    mappings = []
+    for section in SECTIONS:
+        names = [f"{section}.{key}" for key in sorted(set(before[section]) | set(after[section]))
+                 if before[section].get(key) != after[section].get(key)]
+        if names:
+            mappings.append({"settings": names, "source": f"tune.yml run {run or '(unnamed)'}",
+                             "change": TUNED_CHANGE[section]})
+    return mappings
 
 
 def write_proposal(path: str | os.PathLike, best: dict, incumbent: dict, about: dict | None = None,

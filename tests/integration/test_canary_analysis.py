@@ -246,3 +246,7 @@ def test_what_tune_yml_proposes_goes_through_the_fleets_canary_to_every_host(lab
         record = current_release(host)
         assert (record["id"], record["status"]) == ("sub620", "good")
         assert recorded(record, "engine")["args"]["max_num_seqs"] == 4
+        # The proposal's mapping: the change is recorded as coming from the tuning run.
+        assert {"source": f"tune.yml run {Path(planned['run_dir']).name}", "change": "tuned launch parameter",
+                "what": "max_num_seqs 2 -> 4"}.items() <= next(
+            row for row in record["changes"] if row["kind"] == "setting").items(), record["changes"]

@@ -200,6 +200,7 @@ def test_changing_one_argument_restarts_only_the_engine(lab, first_deploy, tmp_p
 
 
 LAB_VARS = yaml.safe_load((REPO / "inventory" / "lab" / "group_vars" / "biv100.yml").read_text())
+ALLOCATOR = yaml.safe_load((REPO / "roles" / "engine" / "defaults" / "main.yml").read_text())["engine_allocator"]
 NOTE = "entrypoints/openai/biv100_trace_note.py"
 
 
@@ -211,11 +212,12 @@ def test_a_release_that_changed_a_file_an_env_variable_and_a_launch_parameter_is
     overlay(payload, "trace-note", NOTE, "NOTE = 'trace'\n", mapping={
         "source": "agent_reduce_by_key ConsumeTile", "place": "serving_chat.py", "change": "fast path / safe path split",
         "proven_by": ["chat-basic"]})
-    mappings = LAB_VARS["serving_mappings"] + [
-        {"settings": "engine_env.VLLM_LOGGING_LEVEL", "source": "buddy_allocator.cu", "change": "logging level"}]
+    # The allocator's option is the brief's env row (PYTORCH_CUDA_ALLOC_CONF); the log level, which
+    # nothing maps, stands out as such.
     changed = run_playbook(DEPLOY, lab.inventory_path, tmp_path / "changed", limit=host.name, extravars={
         "serving_release": "sub512", "stage_payload_dir": str(payload), "serving_ledger_dir": str(ledger),
-        "serving_mappings": mappings, "engine_args": sub168(gpu_memory_utilization=0.9),
+        "engine_args": sub168(gpu_memory_utilization=0.9),
+        "engine_allocator": {**ALLOCATOR, "garbage_collection_threshold": 0.7},
         "engine_env": {**LAB_VARS["engine_env"], "VLLM_LOGGING_LEVEL": "DEBUG"}})
     assert changed.rc == 0, changed.stats
     verdict = run_playbook("record_verdict.yml", lab.inventory_path, tmp_path / "verdict", extravars={
@@ -241,11 +243,15 @@ def test_a_release_that_changed_a_file_an_env_variable_and_a_launch_parameter_is
     assert ("| device_reduce policy_selector | computility-run.yaml params | launch parameters aligned with Sub168 | "
             "gpu_memory_utilization 0.95 -> 0.9 | long-prompt-chunked-prefill ✓, two-concurrent-requests ✓, "
             "n-above-max-num-seqs ✓ |") in section
-    assert ("| buddy_allocator.cu | computility-run.yaml env | logging level | VLLM_LOGGING_LEVEL = DEBUG |  |"
+    assert ("| buddy_allocator.cu | computility-run.yaml env | PYTORCH_CUDA_ALLOC_CONF | "
+            "garbage_collection_threshold 0.8 -> 0.7 | two-long-prompts-at-once ✓ |") in section
+    assert ("| (no mapping declared) | computility-run.yaml env | environment variable | VLLM_LOGGING_LEVEL = DEBUG |  |"
             in section)
+    assert "- two long prompts at once ran out of memory from fragmentation: two-long-prompts-at-once ✓" in section
     # Going back changed the same three things the other way, against sub512, the last good release.
     back_section = text[text.index("### sub513"):text.index("### sub512")]
     assert "gpu_memory_utilization 0.9 -> 0.95" in back_section and "VLLM_LOGGING_LEVEL DEBUG -> (unset)" in back_section
+    assert "garbage_collection_threshold 0.7 -> 0.8" in back_section
     assert "removed: fast path / safe path split" in back_section
 
 

@@ -33,7 +33,7 @@ def test_releases_come_newest_first_with_each_hosts_verdict_the_canarys_and_the_
     assert "h1 good, h2 good; canary pass; platform failed: n=3 OOM (score 7900)" in section
     assert ("| buddy_allocator.cu | computility-run.yaml env | PYTORCH_CUDA_ALLOC_CONF | expandable_segments = true "
             "| two-long-prompts-at-once ✓ |") in section
-    assert "Fixed failure points: model-layer files deployed (guard ✓)" in section
+    assert "Fixed failure points:\n\n- model-layer files deployed: guard ✓\n" in section
 
 
 def test_a_check_fails_when_one_hosts_last_run_failed_it_and_is_not_run_after_a_rollback():

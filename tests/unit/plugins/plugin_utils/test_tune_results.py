@@ -143,7 +143,11 @@ def test_the_proposal_is_the_whole_settings_to_deploy_with_what_they_were_measur
                     inventory="inventory/biv100")
     # Exactly the extra vars, each dict whole: -e replaces a dict.
     assert yaml.safe_load(text) == {"engine_args": FASTER["engine_args"], "engine_allocator": FASTER["engine_allocator"],
-                                    "engine_env": {}}
+                                    "engine_env": {}, "serving_tune_mappings": [
+        {"settings": ["engine_args.max_num_batched_tokens", "engine_args.max_num_seqs"],
+         "source": "tune.yml run 20260101T000000Z", "change": "tuned launch parameter"},
+        {"settings": ["engine_allocator.expandable_segments"], "source": "tune.yml run 20260101T000000Z",
+         "change": "tuned PYTORCH_CUDA_ALLOC_CONF"}]}
     header = [line for line in text.splitlines() if line.startswith("#")]
     assert header[0] == f"# tune.yml proposes candidate {FASTER['id']}. Deploy it through the canary and every gate:"
     assert "#   ansible-playbook deploy.yml -i inventory/biv100 -e @build/tune/20260101T000000Z/proposal.yml" in header
@@ -168,7 +172,8 @@ def test_without_a_better_candidate_the_proposal_says_the_incumbent_stays():
     text = proposal(incumbent, incumbent, {"note": "line\nbreaks are folded"})
     assert text.startswith("# tune.yml found no candidate that beats the incumbent")
     assert "# note: line breaks are folded" in text and "# changed" not in text
-    assert yaml.safe_load(text) == {key: INCUMBENT[key] for key in ("engine_args", "engine_allocator", "engine_env")}
+    assert yaml.safe_load(text) == {**{key: INCUMBENT[key] for key in ("engine_args", "engine_allocator", "engine_env")},
+                                    "serving_tune_mappings": []}
 
 
 def test_the_proposal_is_written_whole(tmp_path):
