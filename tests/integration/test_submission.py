@@ -127,8 +127,11 @@ def test_the_bundle_carries_what_the_release_was_proven_with(lab, bundles):
                        and sums[name] == digest]
             assert carried and hashlib.sha256(installed).hexdigest() == digest, (host.name, path)
     readme = (bundle / "README.md").read_text()
+    # The brief's table: the release's first deploy changed every entry and setting against the base.
     for mapping in record["mappings"]:
-        assert mapping["idea"] in readme
+        assert f"| {mapping['source']} | {mapping['place']} | {mapping['change']} |" in readme
+    assert "| device_reduce policy_selector | computility-run.yaml params | launch parameters aligned with Sub168 |" in readme
+    assert "| agent_reduce_by_key ConsumeTile | serving_chat.py | fast path / safe path split | not yet built |" in readme
     assert (bundle / "patch_ops.sh").stat().st_mode & 0o777 == 0o755
 
 

@@ -36,7 +36,7 @@ def host(name, installed=None, status="good", run=RUN):
     record = {"id": "sub510", "status": status, "created_at": "2026-12-01T10:00:00Z",
               "digests": {path: sha(data) for path, data in installed.items()},
               "engine": {"instances": {"vllm": {"platform_run": run}}}, "vllm_version": "0.10.1.1",
-              "mappings": [{"idea": "n>1 choices", "place": CHAT, "change": "file", "entry": "serving-chat"}],
+              "mappings": [{"source": "n>1 choices", "place": CHAT, "change": "file", "entry": "serving-chat"}],
               "gates": {"instances": {"vllm": {
                   "bench": {"score": 8437.1, "output_tps": 9755.5, "gate": {"score": 8000, "passed": True},
                             "simulated": True},
