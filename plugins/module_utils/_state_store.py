@@ -49,8 +49,14 @@ class StateDir(object):
 
     @property
     def quality_baseline(self):
-        """{release, score}: the quality score other releases are held to."""
+        """{release, score}: the first good release's quality score."""
         return os.path.join(self.root, "baseline", "quality.json")
+
+    @property
+    def base_quality(self):
+        """{release: base, score, ...}: the vendor's base scored on the quality set, once, before
+        the first payload went in."""
+        return os.path.join(self.root, "baseline", "quality-base.json")
 
     def base_copy(self, package_path):
         return os.path.join(self.root, "base", package_path)

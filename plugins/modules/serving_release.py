@@ -43,13 +43,20 @@ options:
         - Record that the release passed every gate, with O(reason), O(engine) (which a rollback
           to it brings back) and O(gates).
         - The first release marked V(good) with a quality score in O(gates) becomes the quality
-          baseline (C(baseline/quality.json) in the store) when O(quality_baseline=first_good)
-          and the store has none yet, so that the baseline stays when old releases are pruned.
+          baseline (C(baseline/quality.json) in the store) when O(quality_baseline) is
+          V(first_good), or V(base) on a host whose base was never scored, and the store has none
+          yet, so that the baseline stays when old releases are pruned.
         - Then, with O(keep_good), old releases are removed as M(biv100.serving.serving_retention)
           removes them.
       failed:
         - Record that the release failed, with O(reason), and O(engine) and O(gates) as far as
           the run got, for the post-mortem. The release is kept.
+      baseline:
+        - Record the vendor's base's score on the quality set, O(quality) (what
+          M(biv100.serving.engine_quality) returned for an engine serving the vendor's files), as
+          the quality baseline V(base) (C(baseline/quality-base.json) in the store). Recorded
+          once, the first time a host is deployed - a recorded score is never replaced (remove the
+          file to score the base again).
       platform:
         - Record the competition platform's verdict on the release - O(verdict), O(reason) and
           O(figures) - beside the team's own, which it does not change. The record keeps every
@@ -74,6 +81,12 @@ options:
       - Only with O(state=good) (an empty reason when not given), O(state=failed), where it is
         required, and O(state=platform), where it is required with O(verdict=failed).
     type: str
+  quality:
+    description:
+      - The vendor's base's score on the quality set, as M(biv100.serving.engine_quality) returns
+        it (C(score), C(cases), C(correct), C(simulated)); only with O(state=baseline), where it
+        is required.
+    type: dict
   verdict:
     description: The platform's verdict; only with O(state=platform), where it is required.
     type: str
@@ -107,9 +120,10 @@ options:
     type: dict
   quality_baseline:
     description:
-      - The release whose quality score the gate holds others to - V(first_good), the first
-        release marked good with a quality score, or a release id, whose record must hold one.
-        V(first_good) when not given.
+      - The release whose quality score the gate holds others to - V(base), the vendor's files
+        as O(state=baseline) recorded their score (on a host whose base was never scored, the
+        first good release's instead), V(first_good), the first release marked good with a
+        quality score, or a release id, whose record must hold one. V(first_good) when not given.
       - Only with O(state=query), which reports it, and O(state=good), which reports it and sets
         the store's baseline only when it is V(first_good).
     type: str
@@ -135,13 +149,14 @@ attributes:
     details:
       - With O(state=good) or O(state=failed), reports the status it would record and the
         releases it would remove; a release that is not staged yet (a check run of a deploy) is
-        reported as it would be marked. With O(state=platform), reports whether the verdict is
-        new. The other states only read.
+        reported as it would be marked. With O(state=platform) and O(state=baseline), reports
+        whether the verdict or the score is new. The other states only read.
   diff_mode:
     support: full
     details:
       - With O(state=good) or O(state=failed), the release's status before and after; with
-        O(state=platform), the platform's last verdict before and after.
+        O(state=platform), the platform's last verdict before and after; with O(state=baseline),
+        the base's score recorded.
 seealso:
   - module: biv100.serving.serving_overlay
   - module: biv100.serving.serving_retention
@@ -270,10 +285,11 @@ platform:
 quality_baseline:
   description:
     - The release and score the quality gate compares with (as O(quality_baseline) names it;
-      with O(state=failed), the store's), or null before there is one.
-  returned: with O(state=query), O(state=good) or O(state=failed)
+      with O(state=failed), the store's first good one; with O(state=baseline), the base's as
+      the store holds it), or null before there is one.
+  returned: with O(state=query), O(state=good), O(state=failed) or O(state=baseline)
   type: dict
-  sample: {release: sub168, score: 0.969}
+  sample: {release: base, score: 0.969, cases: 200, correct: 194, at: "20261204T101500Z"}
 record:
   description: The release's record as the store holds it; null when the host lacks the release.
   returned: with O(state=exported)
@@ -325,6 +341,7 @@ STATE_OPTIONS = {
     "good": ("reason", "engine", "gates", "mappings", "quality_baseline", "keep_good", "keep_failed_days"),
     "failed": ("reason", "engine", "gates", "mappings"),
     "platform": ("verdict", "reason", "figures"),
+    "baseline": ("quality",),
     "exported": (),
 }
 DEFAULT_KEEP_FAILED_DAYS = 14
@@ -376,8 +393,11 @@ def quality_score(record):
 
 
 def quality_baseline(module, store, wanted):
-    """{release, score} the quality gate compares with: the store's first good one, or a named
+    """{release, score} the quality gate compares with: the vendor's base as it was scored (the
+    first good release's on a host whose base never was), the store's first good one, or a named
     release's own score."""
+    if wanted == "base":
+        return read_json(store.base_quality) or read_json(store.quality_baseline)
     if wanted == "first_good":
         return read_json(store.quality_baseline)
     score = quality_score(read_json(store.release_record(wanted)))
@@ -511,7 +531,7 @@ def mark(module, store):
         write_json(record_path, record)
     baseline_changed = False
     first_score = quality_score({"gates": params["gates"]})
-    if status == "good" and baseline is None and wanted_baseline == "first_good" and first_score is not None:
+    if status == "good" and baseline is None and wanted_baseline in ("first_good", "base") and first_score is not None:
         baseline = {"release": release, "score": first_score}
         baseline_changed = True
         if not module.check_mode:
@@ -536,6 +556,31 @@ def mark(module, store):
     result["changed"] = changed or engine_changed or gates_changed or changes_changed or baseline_changed or pruned
     if module._diff:
         result["diff"] = {"before": {"status": previous}, "after": {"status": status}}
+    module.exit_json(**result)
+
+
+# What the base's quality record keeps of engine_quality's result.
+BASE_QUALITY_KEYS = ("score", "cases", "correct", "simulated")
+
+
+def base_baseline(module, store):
+    """state=baseline: the vendor's base's quality score, recorded once."""
+    quality = module.params["quality"]
+    score = quality.get("score")
+    if not isinstance(score, (int, float)) or isinstance(score, bool):
+        module.fail_json(msg="quality has no score: give the result of engine_quality for the engine serving the base")
+    recorded = read_json(store.base_quality)
+    if recorded is not None:
+        module.exit_json(changed=False, quality_baseline=recorded,
+                         msg="the base's quality score %s was recorded at %s; it is kept" % (recorded.get("score"),
+                                                                                             recorded.get("at")))
+    baseline = dict(release="base", at=utc_timestamp(),
+                    **dict((key, quality[key]) for key in BASE_QUALITY_KEYS if key in quality))
+    if not module.check_mode:
+        write_json(store.base_quality, baseline)
+    result = dict(changed=True, quality_baseline=baseline, msg="the base's quality score %s recorded" % score)
+    if module._diff:
+        result["diff"] = {"before": {"quality_baseline": None}, "after": {"quality_baseline": baseline}}
     module.exit_json(**result)
 
 
@@ -598,6 +643,7 @@ def main():
             keep_good=dict(type="int"),
             keep_failed_days=dict(type="int"),
             verdict=dict(type="str", choices=["passed", "failed"]),
+            quality=dict(type="dict"),
             figures=dict(type="dict"),
             mappings=dict(type="list", elements="dict"),
         ),
@@ -605,6 +651,7 @@ def main():
             ("state", "failed", ("reason",)),
             ("state", "exported", ("release",)),
             ("state", "platform", ("verdict",)),
+            ("state", "baseline", ("quality",)),
         ],
         supports_check_mode=True,
     )
@@ -623,6 +670,8 @@ def main():
         exported(module, store)
     elif state == "platform":
         platform(module, store)
+    elif state == "baseline":
+        base_baseline(module, store)
     else:
         mark(module, store)
 

@@ -23,8 +23,9 @@ from ansible_collections.biv100.serving.plugins.plugin_utils._verify_findings im
 FACT = "serving_run"
 
 # The phases of a run, in the order a deploy meets them. A failure is named by the phase the
-# record is in: before the first phase the run only holds the host's lock.
-PHASES = ("lock", "stage", "guard", "engine", "probes", "gates", "canary", "mark", "rollback", "tune", "done")
+# record is in: before the first phase the run only holds the host's lock; in `base`, a host's
+# first deploy scores the vendor's files on the quality set, before anything is staged.
+PHASES = ("lock", "base", "stage", "guard", "engine", "probes", "gates", "canary", "mark", "rollback", "tune", "done")
 
 # Engine options whose value is a secret: the record keeps that they were given, not the value.
 SECRET_OPTIONS = ("--api-key",)

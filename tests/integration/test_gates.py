@@ -57,9 +57,13 @@ def test_a_deploy_scores_every_host_and_keeps_the_figures_with_the_release(lab, 
         assert bench["simulated"] and quality["simulated"] and quality["score"] == 1.0
         assert bench["requests"] == {"ok": 24, "failed": 0}
         assert bench["score"] == pytest.approx(0.83 * bench["output_tps"] + 0.17 * bench["input_tps"])
-        # The first release with a quality score is the baseline the next ones are held to.
-        baseline = json.loads(host.path(f"{STATE}/baseline/quality.json").read_text())
-        assert baseline == {"release": "sub510", "score": 1.0}
+        # The vendor's base, scored once before the payload went in, is the baseline every
+        # release is held to; the first good release is not.
+        baseline = json.loads(host.path(f"{STATE}/baseline/quality-base.json").read_text())
+        assert {key: baseline[key] for key in ("release", "score", "simulated")} == {
+            "release": "base", "score": 1.0, "simulated": True}
+        assert quality["baseline"]["release"] == "base" and quality["deviation"] == 0.0
+        assert not host.path(f"{STATE}/baseline/quality.json").exists()
         saved = figures("sub510", host)
         assert saved["score"] == bench["score"] and saved["quality"]["score"] == 1.0 and saved["simulated"]
         for latency in ("ttft_ms", "tpot_ms", "itl_ms", "e2e_ms"):
@@ -81,7 +85,7 @@ def test_bench_yml_scores_the_current_release_again_and_changes_nothing(lab, fir
     for host in lab.hosts:
         (verdict,) = run.results(host.name, GATES_TASK)
         functional, quality, throughput = verdict["msg"].split("; ")
-        assert functional.startswith(ALL_PROBES_PASSED) and quality.startswith("quality 1.000 vs 1.000 of sub510")
+        assert functional.startswith(ALL_PROBES_PASSED) and quality.startswith("quality 1.000 vs 1.000 of base")
         assert throughput.startswith("score ") and "[simulated]" in throughput
     (line,) = [json.loads(text) for text in (tmp_path / "ledger" / "ledger.jsonl").read_text().splitlines()
                if json.loads(text)["host"] == lab.hosts[0].name]
@@ -149,7 +153,7 @@ def test_a_release_whose_quality_is_off_by_more_than_the_bound_is_rolled_back(la
 
     assert run.rc != 0
     message = gate_failure(run, wrong)
-    assert f"'{GATES_TASK}': quality gate: quality 0." in message and " vs 1.000 of sub510: -" in message
+    assert f"'{GATES_TASK}': quality gate: quality 0." in message and " vs 1.000 of base: -" in message
     assert "beyond ±4 %" in message and current_release(wrong)["id"] != "sub512"
 
 

@@ -181,7 +181,9 @@ def test_a_candidate_that_beats_the_incumbent_is_proposed_though_each_request_is
     assert f"deploy.yml -i <inventory> -e @{folder}/proposal.yml" in proposed["msg"]
     written = yaml.safe_load((Path(folder) / "proposal.yml").read_text())
     assert written == {"engine_args": {**INCUMBENT["engine_args"], "max_num_seqs": 4},
-                       "engine_allocator": INCUMBENT["engine_allocator"], "engine_env": {}}
+                       "engine_allocator": INCUMBENT["engine_allocator"], "engine_env": {},
+                       "serving_tune_mappings": [{"settings": ["engine_args.max_num_seqs"], "source": "tune.yml run r1",
+                                                  "change": "tuned launch parameter"}]}
     assert proposed["tune"]["proposed"] == other["id"] and proposed["tune"]["measured"] == 2
 
 

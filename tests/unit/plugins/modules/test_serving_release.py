@@ -375,3 +375,39 @@ def test_a_platform_verdict_for_a_release_the_host_lacks_or_a_failure_without_a_
     assert (absent["changed"], absent["status"]) == (False, None)
     assert failed and unexplained["msg"].startswith("verdict=failed needs a reason")
     assert store["record"].read_bytes() == before
+
+
+# --- the vendor's base as the quality baseline -----------------------------------------------------
+
+
+def test_the_bases_quality_score_is_recorded_once_and_is_the_baseline_base_names(release, store):
+    scored = {"score": 0.95, "cases": 20, "correct": 19, "simulated": True, "msg": "0.950"}
+
+    first = release(state="baseline", quality=scored, _ansible_diff=True).result
+    again = release(state="baseline", quality=dict(scored, score=0.5)).result
+    marked = release(state="good", gates=GATES, quality_baseline="base").result
+
+    kept = json.loads((store["state"] / "baseline" / "quality-base.json").read_text())
+    assert {key: kept[key] for key in ("release", "score", "cases", "correct", "simulated")} == {
+        "release": "base", "score": 0.95, "cases": 20, "correct": 19, "simulated": True}
+    assert first["changed"] and first["diff"]["after"]["quality_baseline"] == kept
+    assert (again["changed"], again["quality_baseline"]) == (False, kept)
+    # The base's score stands: the first good release does not become the baseline.
+    assert marked["quality_baseline"] == kept
+    assert release(quality_baseline="base").result["quality_baseline"] == kept
+    assert not (store["state"] / "baseline" / "quality.json").exists()
+
+
+def test_a_host_whose_base_was_never_scored_is_held_to_its_first_good_release(release, store):
+    marked = release(state="good", gates=GATES, quality_baseline="base").result
+
+    assert marked["quality_baseline"] == {"release": "sub510", "score": 0.969}
+    assert release(quality_baseline="base").result["quality_baseline"] == {"release": "sub510", "score": 0.969}
+
+
+def test_a_base_score_without_a_score_is_refused_and_check_mode_records_nothing(release, store):
+    failed, result = release(state="baseline", quality={"msg": "no answer"})
+    checked = release(state="baseline", quality={"score": 0.9}, _ansible_check_mode=True).result
+
+    assert failed and result["msg"].startswith("quality has no score")
+    assert checked["changed"] and not (store["state"] / "baseline" / "quality-base.json").exists()

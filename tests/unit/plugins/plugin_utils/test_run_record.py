@@ -75,7 +75,7 @@ def test_the_rollback_keeps_what_it_proved_instance_by_instance():
 
 
 @pytest.mark.parametrize(("given", "named"), [
-    ({"phase": "nap"}, "phase 'nap' is not one of lock, stage"),
+    ({"phase": "nap"}, "phase 'nap' is not one of lock, base, stage"),
     ({"probed": {"summary": "1/1"}}, "probed is an engine instance's result: name the instance"),
     ({"staged": "sub511"}, "staged must be a task's result (a dict), not str"),
 ])
