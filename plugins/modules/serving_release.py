@@ -286,10 +286,10 @@ quality_baseline:
   description:
     - The release and score the quality gate compares with (as O(quality_baseline) names it;
       with O(state=failed), the store's first good one; with O(state=baseline), the base's as
-      the store holds it), or null before there is one.
+      the store holds it, with its cases, correct answers and time), or null before there is one.
   returned: with O(state=query), O(state=good), O(state=failed) or O(state=baseline)
   type: dict
-  sample: {release: base, score: 0.969, cases: 200, correct: 194, at: "20261204T101500Z"}
+  sample: {release: base, score: 0.969}
 record:
   description: The release's record as the store holds it; null when the host lacks the release.
   returned: with O(state=exported)
@@ -397,7 +397,9 @@ def quality_baseline(module, store, wanted):
     first good release's on a host whose base never was), the store's first good one, or a named
     release's own score."""
     if wanted == "base":
-        return read_json(store.base_quality) or read_json(store.quality_baseline)
+        base = read_json(store.base_quality)
+        # What the gate compares with: the release and its score, as for the others.
+        return {"release": "base", "score": base["score"]} if base else read_json(store.quality_baseline)
     if wanted == "first_good":
         return read_json(store.quality_baseline)
     score = quality_score(read_json(store.release_record(wanted)))

@@ -229,10 +229,20 @@ def test_a_release_that_changed_a_file_an_env_variable_and_a_launch_parameter_is
     # The shipped payload again, under a new id: sub510's record does not name the file sub512 added.
     back = run_playbook(DEPLOY, lab.inventory_path, tmp_path / "back", limit=host.name,
                         extravars={"serving_release": "sub513", "serving_ledger_dir": str(ledger)})
+    before = host_state(lab)
+    unknown = run_playbook("record_verdict.yml", lab.inventory_path, tmp_path / "unknown",
+                           extravars={"serving_release": "sub999", "verdict": "passed"})
+    unexplained = run_playbook("record_verdict.yml", lab.inventory_path, tmp_path / "unexplained",
+                               extravars={"serving_release": "sub512", "verdict": "failed"})
 
     assert verdict.rc == 0 and verdict.hosts_with("changed") == {host.name}, verdict.stats
     assert again.rc == 0 and not again.hosts_with("changed"), again.stats
     assert back.rc == 0, back.stats
+    assert unknown.rc != 0 and any("has release sub999; no host changed" in message for message in
+                                   unknown.failure_messages(lab.hosts[0].name)), unknown.stats
+    assert unexplained.rc != 0 and any("a reason with verdict=failed" in message for message in
+                                       unexplained.failure_messages(lab.hosts[0].name)), unexplained.stats
+    assert host_state(lab) == before
     record = json.loads(host.path(f"{STATE}/releases/sub512/release.json").read_text())
     assert (record["status"], record["platform"][-1]["verdict"]) == ("good", "failed")
     text = (ledger / "LEDGER.md").read_text()

@@ -47,6 +47,8 @@ def test_deploy_verify_and_rollback_with_this_controller(lab, tmp_path):
     assert bench["requests"]["ok"] > 0 and bench["requests"]["failed"] == 0
     figures = json.loads((REPO / "build" / "bench" / "sub510" / f"{host.name}.json").read_text())
     assert figures["score"] == bench["score"] and figures["quality"]["passed"] is True
+    # Held to the vendor's base, scored before the payload went in.
+    assert recorded(record, "gates")["quality"]["baseline"]["release"] == "base"
 
     verified = run_playbook("verify.yml", lab.inventory_path, tmp_path / "verify")
     assert verified.rc == 0 and not verified.hosts_with("changed"), verified.stdout()[-3000:]

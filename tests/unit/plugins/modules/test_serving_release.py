@@ -393,8 +393,8 @@ def test_the_bases_quality_score_is_recorded_once_and_is_the_baseline_base_names
     assert first["changed"] and first["diff"]["after"]["quality_baseline"] == kept
     assert (again["changed"], again["quality_baseline"]) == (False, kept)
     # The base's score stands: the first good release does not become the baseline.
-    assert marked["quality_baseline"] == kept
-    assert release(quality_baseline="base").result["quality_baseline"] == kept
+    assert marked["quality_baseline"] == {"release": "base", "score": 0.95}
+    assert release(quality_baseline="base").result["quality_baseline"] == {"release": "base", "score": 0.95}
     assert not (store["state"] / "baseline" / "quality.json").exists()
 
 
