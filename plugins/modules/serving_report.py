@@ -22,7 +22,8 @@ description:
     one of the canary analyses and one per tuning run.
   - The page's verdicts table gives, per release, the states its hosts ended in here and in each
     fleet of O(compare), and the platform's last verdict (recorded by C(record_verdict.yml)),
-    marking a release the platform failed that a fleet found good, or passed that no host kept.
+    marking a release the platform failed that a fleet found good, or passed that a fleet did not
+    keep.
     It is shown once a platform verdict is recorded or a fleet is compared.
   - C(score.png) - the weighted throughput score per release and host, with the throughput
     gate's line, both as the figures recorded them (the competition's weights are 0.83 x output

@@ -8,9 +8,11 @@ A release's ledger lines carry `changes` (what serving_release recorded against 
 release, one row per change with its mapping), `failure_points` (the manifest's fixed failure
 points with their checks), `failed_probes` and `guard` (what the deploy proved), `canary`, and,
 from record_verdict.yml, `platform`. iterations(lines) gathers them per release, newest first;
-brief_table renders one as the table the product brief draws (source, place in the base, kind of
-change), with what changed and the checks, each marked by what the release's last run proved.
-LEDGER.md and the submission bundle's README draw the same table.
+iteration_section renders one for LEDGER.md, its changes as the table the product brief draws
+(source, place in the base, kind of change; brief_rows) with what changed and the checks, each
+marked by what the release's last run proved. The submission bundle's README draws the same
+table; verdicts(ledgers) gives the report each release's verdicts in several fleets and on the
+platform.
 
 Controller side only.
 """
@@ -199,11 +201,11 @@ def verdicts(ledgers: dict[str, list[dict]]) -> list[Verdicts]:
         platform = next((item.platform for item in by_fleet.values() if item.platform), None)
         states = {name: list(item.states.values()) for name, item in by_fleet.items()}
         good = any("good" in values for values in states.values())
-        kept_nowhere = any(values and "good" not in values for values in states.values())
+        not_kept = any(values and "good" not in values for values in states.values())
         verdict = (platform or {}).get("verdict")
         said = "" if not platform else f"{verdict}" + (f": {platform['reason']}" if platform.get("reason") else "")
         shown.append(Verdicts(release, {name: _counted(states.get(name, [])) for name in ledgers}, said,
-                              (verdict == "failed" and good) or (verdict == "passed" and kept_nowhere)))
+                              (verdict == "failed" and good) or (verdict == "passed" and not_kept)))
     return list(reversed(shown))
 
 

@@ -278,7 +278,11 @@ def test_a_release_that_changed_a_file_an_env_variable_and_a_launch_parameter_is
         "engine_args.max_model_len is 300000, above the model's max_position_embeddings 262144",
         "engine_args.max_num_seq is not an argument of the host's vLLM OpenAI server",
         "Unrecognized CachingAllocator option: expandable_segment"]),
-], ids=["preflight", "engine"])
+    # A mapping that could not be recorded stops the deploy too, naming the variable and its place.
+    ({"serving_mappings": [{"settings": "engine_args.dtype", "source": "x"}, {"settings": "dtype", "source": "y"}]},
+     ["serving_mappings[1]: 'dtype' is not a setting: engine_args.<argument>, engine_env.<NAME>, "
+      "engine_allocator.<option>, or one of those three whole; no host changed"]),
+], ids=["preflight", "engine", "mapping"])
 def test_an_invalid_engine_variable_fails_before_anything_changes(lab, first_deploy, tmp_path, extravars, messages):
     host = lab.hosts[0]  # the checks are the same on every host; one keeps the suite short
     before, pids = host_state(lab), engine_pids(lab)
