@@ -608,10 +608,10 @@ def platform(module, store):
         if not module.check_mode:
             record["platform"] = verdicts
             write_json(record_path, record)
+    again = "" if changed else " (recorded already)"
     result = dict(changed=changed, release=release, status=record.get("status"), changes=record.get("changes"),
                   platform=list(reversed(verdicts)),
-                  msg="release %s: the platform's verdict %s%s" % (release, params["verdict"],
-                                                                  "" if changed else " (recorded already)"))
+                  msg="release %s: the platform's verdict %s%s" % (release, params["verdict"], again))
     if module._diff:
         result["diff"] = {"before": {"platform": last}, "after": {"platform": said}}
     module.exit_json(**result)

@@ -21,10 +21,10 @@ DECLARED = [
 ]
 
 
-def release(digests, mappings, args=SUB168, allocator=None, env=None, entries=None):
+def release(digests, mappings, args=None, allocator=None, env=None, entries=None):
     return {"digests": digests, "mappings": mappings,
             "entries": entries if entries is not None else [mapping["entry"] for mapping in mappings],
-            "engine": {"instances": {"vllm": {"args": dict(args), "allocator": dict(allocator or {}),
+            "engine": {"instances": {"vllm": {"args": dict(args or SUB168), "allocator": dict(allocator or {}),
                                               "env": dict(env or {})}}}}
 
 

@@ -799,8 +799,8 @@ def test_a_torn_last_line_is_warned_about_and_a_broken_file_named(tmp_path):
 def test_the_platforms_verdict_stands_beside_this_fleets_and_the_labs_and_a_disagreement_is_marked():
     fleet = ledger(2) + [line("r1", "h1", 59, playbook="record_verdict.yml",
                               platform={"verdict": "failed", "reason": "n=3 OOM", "figures": {}})]
-    lab = [line("r1", "lab-h1", 1), line("r1", "lab-h1", 2, state="rolled back",
-                                          rollback={"from": "r2", "to": "r1", "files": []})]
+    rolled_back = line("r1", "lab-h1", 2, state="rolled back", rollback={"from": "r2", "to": "r1", "files": []})
+    lab = [line("r1", "lab-h1", 1), rolled_back]
     page = Cells()
     page.feed(render(fleet, "biv100", compared={"lab": lab})[INDEX].decode())
 
