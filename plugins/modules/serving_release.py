@@ -409,19 +409,23 @@ def quality_baseline(module, store, wanted):
     return {"release": wanted, "score": score}
 
 
+def last_good_record(store, record):
+    """(id, record) of the last good release before this record's, along the predecessors, or
+    (None, None)."""
+    release = first_good(record.get("previous"), lambda name: read_json(store.release_record(name)))
+    return (None, None) if release is None else (release, read_json(store.release_record(release)))
+
+
 def last_good(store, record):
     """The last good release before this record's, with the figures it was proven with."""
-    release = first_good(record.get("previous"), lambda name: read_json(store.release_record(name)))
-    if release is None:
-        return None
-    return {"release": release, "gates": read_json(store.release_record(release)).get("gates")}
+    release, found = last_good_record(store, record)
+    return None if release is None else {"release": release, "gates": found.get("gates")}
 
 
 def changes_against_last_good(store, record, declarations):
     """What the record's release changed against the last good release before it, or the base."""
-    release = first_good(record.get("previous"), lambda name: read_json(store.release_record(name)))
-    before = read_json(store.release_record(release)) if release is not None else None
-    return release_changes(record, before, declarations, read_json(store.base_index) or {})
+    _release, found = last_good_record(store, record)
+    return release_changes(record, found, declarations, read_json(store.base_index) or {})
 
 
 def serving_paths(package_root):
