@@ -210,7 +210,7 @@ def test_a_release_that_changed_a_file_an_env_variable_and_a_launch_parameter_is
     ledger = tmp_path / "ledger"
     payload = copy_payload(tmp_path)
     overlay(payload, "trace-note", NOTE, "NOTE = 'trace'\n", mapping={
-        "source": "agent_reduce_by_key ConsumeTile", "place": "serving_chat.py", "change": "fast path / safe path split",
+        "source": "a request trace note (lab test)", "place": "entrypoints/openai, a new module", "change": "overlay",
         "proven_by": ["chat-basic"]})
     # The allocator's option is the brief's env row (PYTORCH_CUDA_ALLOC_CONF); the log level, which
     # nothing maps, stands out as such.
@@ -248,7 +248,7 @@ def test_a_release_that_changed_a_file_an_env_variable_and_a_launch_parameter_is
     text = (ledger / "LEDGER.md").read_text()
     section = text[text.index("### sub512"):text.index("## Runs")]
     assert (f"{host.name} good; platform failed: n=3 cascaded into out-of-memory failures") in section
-    assert (f"| agent_reduce_by_key ConsumeTile | serving_chat.py | fast path / safe path split | {NOTE} | "
+    assert (f"| a request trace note (lab test) | entrypoints/openai, a new module | overlay | {NOTE} | "
             "chat-basic ✓ |") in section
     assert ("| device_reduce policy_selector | computility-run.yaml params | launch parameters aligned with Sub168 | "
             "gpu_memory_utilization 0.95 -> 0.9 | long-prompt-chunked-prefill ✓, two-concurrent-requests ✓, "
@@ -262,7 +262,7 @@ def test_a_release_that_changed_a_file_an_env_variable_and_a_launch_parameter_is
     back_section = text[text.index("### sub513"):text.index("### sub512")]
     assert "gpu_memory_utilization 0.9 -> 0.95" in back_section and "VLLM_LOGGING_LEVEL DEBUG -> (unset)" in back_section
     assert "garbage_collection_threshold 0.7 -> 0.8" in back_section
-    assert "removed: fast path / safe path split" in back_section
+    assert "| removed: overlay |" in back_section
 
 
 @pytest.mark.parametrize("extravars, messages", [
