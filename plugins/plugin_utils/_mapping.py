@@ -61,15 +61,8 @@ def entry_mapping(raw, where: str) -> dict:
 def setting_mappings(raw, variable: str) -> list[dict]:
     """serving_mappings (or serving_tune_mappings): a list of {settings (a name or a list),
     source, place, change, proven_by}; place and change may be left to the setting's section."""
-    if raw in (None, ""):
-        return []
-    if not isinstance(raw, list):
-        raise MappingError(f"{variable} must be a list of mappings, got {type(raw).__name__}")
     declared, seen = [], {}
-    for position, item in enumerate(raw):
-        where = f"{variable}[{position}]"
-        if not isinstance(item, dict):
-            raise MappingError(f"{where} must be a mapping of settings, {', '.join(FIELDS)}")
+    for where, item in _declarations(raw, variable, f"{variable}[", first=0, close="]"):
         known = {"settings", "source", "place", "change", "proven_by"}
         unknown = sorted(set(item) - known)
         if unknown:
@@ -113,15 +106,8 @@ def mapping_problems(inventory, proposal=None) -> list[str]:
 
 def failure_points(raw, where: str) -> list[dict]:
     """The manifest's failure_points: {name, failure, fixed_by, proven_by (at least one check)}."""
-    if raw in (None, []):
-        return []
-    if not isinstance(raw, list):
-        raise MappingError(f"{where}: failure_points must be a list")
     points, names = [], set()
-    for position, item in enumerate(raw, 1):
-        label = f"{where}: failure point {position}"
-        if not isinstance(item, dict):
-            raise MappingError(f"{label} must be a mapping of {', '.join(sorted(FAILURE_POINT_KEYS))}")
+    for label, item in _declarations(raw, f"{where}: failure_points", f"{where}: failure point ", first=1):
         unknown = sorted(set(item) - FAILURE_POINT_KEYS)
         missing = sorted(FAILURE_POINT_KEYS - set(item))
         if unknown or missing:
@@ -142,17 +128,29 @@ def failure_points(raw, where: str) -> list[dict]:
 
 def planned(raw, where: str) -> list[dict]:
     """The manifest's planned mappings: {source, place, change} of changes not built yet."""
-    if raw in (None, []):
-        return []
-    if not isinstance(raw, list):
-        raise MappingError(f"{where}: planned must be a list of mappings")
     rows = []
-    for position, item in enumerate(raw, 1):
-        label = f"{where}: planned mapping {position}"
-        if not isinstance(item, dict) or set(item) != set(FIELDS):
+    for label, item in _declarations(raw, f"{where}: planned", f"{where}: planned mapping ", first=1):
+        if set(item) != set(FIELDS):
             raise MappingError(f"{label} must be a mapping of exactly {', '.join(FIELDS)}")
         rows.append({key: _text(item[key], f"{label} {key}") for key in FIELDS})
     return rows
+
+
+def _declarations(raw, what: str, label: str, first: int, close: str = "") -> list[tuple[str, dict]]:
+    """(where, item) of each declaration of a list, where being label, its number (counted from
+    `first`) and close; none for an empty value. A value that is not a list, or an item that is
+    not a mapping, is an error naming it."""
+    if raw in (None, "", []):
+        return []
+    if not isinstance(raw, list):
+        raise MappingError(f"{what} must be a list of mappings, got {type(raw).__name__}")
+    found = []
+    for number, item in enumerate(raw, first):
+        where = f"{label}{number}{close}"
+        if not isinstance(item, dict):
+            raise MappingError(f"{where} must be a mapping, got {type(item).__name__}")
+        found.append((where, item))
+    return found
 
 
 def checks(raw, where: str) -> list[str]:

@@ -76,8 +76,8 @@ def page(fleet: str, lines: list[dict], table: list[Row], plotted: dict, judged:
 def _verdicts(ledgers: dict) -> list:
     """The verdicts table's rows, when it says more than the releases' table: a platform verdict
     recorded, or another fleet's ledger beside this one."""
-    rows_ = verdicts(ledgers)
-    return rows_ if len(ledgers) > 1 or any(row.platform for row in rows_) else []
+    found = verdicts(ledgers)
+    return found if len(ledgers) > 1 or any(row.platform for row in found) else []
 
 
 def render(lines: list[dict], fleet: str, runs: list[TuneRun] = (), compared: dict | None = None) -> dict[str, bytes]:

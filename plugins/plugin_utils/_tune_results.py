@@ -242,8 +242,7 @@ def tune_mappings(before: dict, after: dict, run) -> list[dict]:
     tuning run they come from (the place is left to the section's: the run file's parameters or env)."""
     mappings = []
     for section in SECTIONS:
-        names = [f"{section}.{key}" for key in sorted(set(before[section]) | set(after[section]))
-                 if before[section].get(key) != after[section].get(key)]
+        names = [f"{section}.{key}" for changed, key, _old, _new in _differences(before, after) if changed == section]
         if names:
             mappings.append({"settings": names, "source": f"tune.yml run {run or '(unnamed)'}",
                              "change": TUNED_CHANGE[section]})
@@ -286,13 +285,17 @@ def _figure(value) -> str:
 
 
 def _changes(before: dict, after: dict) -> list[str]:
-    changes = []
+    return [f"{section}.{key} {_shown(old)} -> {_shown(new)}" for section, key, old, new in _differences(before, after)]
+
+
+def _differences(before: dict, after: dict):
+    """(section, key, old, new) of each setting `after` sets otherwise than `before`, sections in
+    order, keys sorted; a value of another type (true for 1) differs."""
     for section in SECTIONS:
         for key in sorted(set(before[section]) | set(after[section])):
             old, new = before[section].get(key), after[section].get(key)
             if old != new or type(old) is not type(new):
-                changes.append(f"{section}.{key} {_shown(old)} -> {_shown(new)}")
-    return changes
+                yield section, key, old, new
 
 
 def _shown(value) -> str:
