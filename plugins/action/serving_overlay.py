@@ -79,11 +79,9 @@ class ActionModule(ActionBase):
 
         current_digest = ((current.get("record") or {}).get("payload_digest"))
         if not stale and current_digest == digest and args.get("release") in (None, current["id"]):
-            plan.update(release=current["id"], unchanged=True, mappings=current["record"].get("mappings", []),
-                        failure_points=current["record"].get("failure_points", []))
+            plan.update(release=current["id"], unchanged=True, mappings=current["record"].get("mappings", []))
             result.update(changed=False, release=current["id"], changed_files=[], payload_digest=digest,
-                          mappings=plan["mappings"], failure_points=plan["failure_points"], new_folders=new_folders,
-                          plan=plan)
+                          mappings=plan["mappings"], new_folders=new_folders, plan=plan)
             return result
 
         plan.update(
@@ -118,7 +116,7 @@ class ActionModule(ActionBase):
             if checked.get("failed"):
                 return checked
             return dict(changed=False, release=plan["release"], changed_files=[], payload_digest=plan["payload_digest"],
-                        mappings=plan["mappings"], failure_points=plan["failure_points"], new_folders=plan["new_folders"])
+                        mappings=plan["mappings"], new_folders=plan["new_folders"])
         return self._present(plan, facts, state_dir, task_vars, compiled=plan.get("compiled", []), checked=True)
 
     def _present(self, plan: dict, facts: dict, state_dir: str, task_vars: dict, compiled: list[str],
@@ -137,7 +135,7 @@ class ActionModule(ActionBase):
             module_args.update(_expect=plan["based_on"], _expect_current=plan["current"])
         applied = self._execute_module(module_name=MODULE, module_args=module_args, task_vars=task_vars)
         applied.update(payload_digest=plan["payload_digest"], mappings=plan["record"]["mappings"],
-                       failure_points=plan["record"]["failure_points"], new_folders=plan["new_folders"])
+                       new_folders=plan["new_folders"])
         return applied
 
     def _inventory(self, facts: dict, state_dir: str, targets: list[Target], task_vars: dict) -> dict:

@@ -141,11 +141,6 @@ mappings:
   elements: dict
   sample: [{source: fast path / safe path split, place: serving_chat.py, change: patch, proven_by: [n-two],
             entry: fast-path-chat, paths: [entrypoints/openai/serving_chat.py]}]
-failure_points:
-  description: The failure points the manifest declares fixed, each with what fixed it and the checks that prove it.
-  returned: success
-  type: list
-  elements: dict
 current_release:
   description: The release C(current) pointed at before this run, and its record.
   returned: when the release changed

@@ -276,6 +276,13 @@ changes:
   sample: [{kind: setting, source: buddy_allocator.cu, place: computility-run.yaml env PYTORCH_CUDA_ALLOC_CONF,
             change: PYTORCH_CUDA_ALLOC_CONF, what: max_split_size_mb = 512, proven_by: [two-long-prompts-at-once],
             settings: [engine_allocator.max_split_size_mb]}]
+failure_points:
+  description:
+    - The failure points the release's manifest declared fixed, each with what fixed it and the checks
+      that prove it (C(name), C(failure), C(fixed_by), C(proven_by)), as the record holds them.
+  returned: with O(state=query), O(state=good), O(state=failed) or O(state=platform)
+  type: list
+  elements: dict
 platform:
   description: The platform's verdicts on the release, the last one first, each with its time, reason and figures.
   returned: with O(state=query) or O(state=platform)
@@ -474,6 +481,7 @@ def release_read(module, store, release, record, baseline):
         last_good=last_good(store, record),
         quality_baseline=baseline,
         changes=record.get("changes"),
+        failure_points=record.get("failure_points"),
         platform=list(reversed(record.get("platform") or [])),
     )
 
@@ -614,7 +622,7 @@ def platform(module, store):
             write_json(record_path, record)
     again = "" if changed else " (recorded already)"
     result = dict(changed=changed, release=release, status=record.get("status"), changes=record.get("changes"),
-                  platform=list(reversed(verdicts)),
+                  failure_points=record.get("failure_points"), platform=list(reversed(verdicts)),
                   msg="release %s: the platform's verdict %s%s" % (release, params["verdict"], again))
     if module._diff:
         result["diff"] = {"before": {"platform": last}, "after": {"platform": said}}

@@ -102,7 +102,7 @@ def staged(record: dict, _entry, result: dict) -> None:
     if "release" in result:
         record.update(release=result["release"], payload_digest=result.get("payload_digest"),
                       files_changed=result.get("changed_files", []), mappings=result.get("mappings", []),
-                      failure_points=result.get("failure_points", []), changed=bool(result.get("changed")))
+                      changed=bool(result.get("changed")))
 
 
 def guarded(record: dict, _entry, result: dict) -> None:
@@ -152,11 +152,13 @@ def canary(record: dict, _entry, result: dict) -> None:
 
 def marked(record: dict, _entry, result: dict) -> None:
     """A serving_release result: the release it marked (or read) and its state, what it changed
-    against the last good release, and the platform's last verdict on it."""
+    against the last good release, the failure points it fixes, and the platform's last verdict
+    on it, as its record holds them."""
     if result.get("release") and not result.get("failed") and result.get("status"):
         record.update(release=result["release"], state=result.get("status"))
-        if result.get("changes") is not None:
-            record["changes"] = result["changes"]
+        for key in ("changes", "failure_points"):
+            if result.get(key) is not None:
+                record[key] = result[key]
         if result.get("platform"):
             record["platform"] = result["platform"][0]
 
