@@ -3,7 +3,7 @@
 # SPDX-License-Identifier: GPL-3.0-or-later
 """The payload: files/serving/manifest.yml and the files it names, validated strictly.
 
-Controller side. The manifest is checked on its own first (load_manifest: keys, kinds, names,
+Controller side. The manifest is checked on its own first (read_manifest: keys, kinds, names,
 sources inside the payload and free of symlinks); then, per host, against what the host has
 (plan_for_host: each destination resolved for the host's vLLM layout, inside the serving
 allowlist, off the protected list, and claimed by one entry only). Every error names the entry,
@@ -68,10 +68,6 @@ class Manifest:
     entries: list
     failure_points: list
     planned: list
-
-
-def load_manifest(payload_dir: Path) -> list[Entry]:
-    return read_manifest(payload_dir).entries
 
 
 def read_manifest(payload_dir: Path) -> Manifest:

@@ -12,7 +12,6 @@ import pytest
 
 from ansible_collections.biv100.serving.plugins.plugin_utils._payload import (
     PayloadError,
-    load_manifest,
     read_manifest,
     payload_digest,
     plan_for_host,
@@ -63,7 +62,7 @@ def write_manifest(payload, body: str):
 def refused(payload, body: str) -> str:
     write_manifest(payload, body)
     with pytest.raises(PayloadError) as error:
-        plan_for_host(load_manifest(payload), facts())
+        plan_for_host(read_manifest(payload).entries, facts())
     return str(error.value)
 
 
@@ -78,7 +77,7 @@ CHAT = """\
 
 def test_a_brief_name_resolves_through_the_hosts_layout(payload):
     write_manifest(payload, CHAT)
-    (target,) = plan_for_host(load_manifest(payload), facts())
+    (target,) = plan_for_host(read_manifest(payload).entries, facts())
     assert target.path == "entrypoints/openai/serving_chat.py"
     assert target.source == payload / "overlays" / "serving_chat.py"
 
@@ -88,7 +87,7 @@ def test_a_dir_entry_expands_to_its_files(payload):
         entries:
           - {name: parsers, kind: dir, src: reasoning, dest: reasoning/}
     """)
-    paths = [target.path for target in plan_for_host(load_manifest(payload), facts())]
+    paths = [target.path for target in plan_for_host(read_manifest(payload).entries, facts())]
     assert paths == ["reasoning/__init__.py", "reasoning/mine_parser.py"]
 
 
@@ -97,7 +96,7 @@ def test_the_registry_entry_applies_only_where_the_model_is_unregistered(payload
         entries:
           - {name: registry, kind: patch, src: patches/registry.patch, dest: registry.py, when: model_unregistered}
     """)
-    entries = load_manifest(payload)
+    entries = read_manifest(payload).entries
     assert plan_for_host(entries, facts()) == []
     (target,) = plan_for_host(entries, facts(model_missing=["Qwen3_5ForConditionalGeneration"]))
     assert target.path == "model_executor/models/registry.py"
@@ -110,7 +109,7 @@ def test_the_registry_entry_stays_where_only_the_patch_serves_the_model(payload)
     """)
     patched = facts()
     patched["model"]["missing_in_base"] = ["Qwen3_5ForConditionalGeneration"]
-    (target,) = plan_for_host(load_manifest(payload), patched)
+    (target,) = plan_for_host(read_manifest(payload).entries, patched)
     assert target.path == "model_executor/models/registry.py"
 
 
@@ -160,7 +159,7 @@ def test_the_registry_entry_stays_where_only_the_patch_serves_the_model(payload)
 def test_a_malformed_manifest_is_refused_naming_the_entry(payload, body, message):
     write_manifest(payload, body)
     with pytest.raises(PayloadError) as error:
-        load_manifest(payload)
+        read_manifest(payload).entries
     assert message in str(error.value)
 
 
@@ -179,7 +178,7 @@ def test_an_inventory_protected_path_is_refused_too(payload):
           - {name: mine, kind: file, src: overlays/serving_chat.py, dest: entrypoints/openai/mine.py}
     """)
     with pytest.raises(PayloadError, match="entrypoints/openai/mine.py is a protected"):
-        plan_for_host(load_manifest(payload), facts(), ["entrypoints/openai/mine.py"])
+        plan_for_host(read_manifest(payload).entries, facts(), ["entrypoints/openai/mine.py"])
 
 
 def test_a_target_outside_the_serving_layer_is_refused(payload):
@@ -225,7 +224,7 @@ def test_a_symlink_in_the_payload_is_refused(payload):
           - {name: link, kind: file, src: overlays/link.py, dest: entrypoints/openai/link.py}
     """)
     with pytest.raises(PayloadError, match="overlays/link.py is a symlink"):
-        load_manifest(payload)
+        read_manifest(payload).entries
 
 
 def test_a_symlink_inside_a_dir_entry_is_refused(payload):
@@ -235,7 +234,7 @@ def test_a_symlink_inside_a_dir_entry_is_refused(payload):
           - {name: parsers, kind: dir, src: reasoning, dest: reasoning/}
     """)
     with pytest.raises(PayloadError, match="reasoning/sneaky.py is a symlink"):
-        load_manifest(payload)
+        read_manifest(payload).entries
 
 
 PARSERS = """\
@@ -258,7 +257,7 @@ def test_only_plain_files_with_utf8_names_travel(payload, make, message):
     make(payload / "reasoning")
     write_manifest(payload, PARSERS)
     with pytest.raises(PayloadError) as error:
-        load_manifest(payload)
+        read_manifest(payload).entries
     assert message in str(error.value)
 
 
@@ -266,12 +265,12 @@ def test_a_file_entry_that_is_a_hard_link_is_refused(payload):
     os.link(payload / "overlays" / "serving_chat.py", payload / "chat-twin.py")
     write_manifest(payload, CHAT)
     with pytest.raises(PayloadError, match="overlays/serving_chat.py is a hard link"):
-        load_manifest(payload)
+        read_manifest(payload).entries
 
 
 def test_the_payload_digest_covers_paths_and_contents(payload):
     write_manifest(payload, CHAT)
-    targets = plan_for_host(load_manifest(payload), facts())
+    targets = plan_for_host(read_manifest(payload).entries, facts())
     one = payload_digest(targets, {targets[0].path: b"a"})
     assert one == payload_digest(targets, {targets[0].path: b"a"})
     assert one != payload_digest(targets, {targets[0].path: b"b"})
