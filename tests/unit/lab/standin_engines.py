@@ -100,8 +100,13 @@ class Engine:
         return self.log.read_text()
 
     def wait_started(self):
+        return self.wait_logged("Application startup complete.")
+
+    def wait_logged(self, line):
+        """Wait for the engine to log a line: the engine's own word that it got there, where a
+        fixed sleep would guess how long a loaded machine takes to start Python."""
         deadline = time.monotonic() + START_TIMEOUT
-        while "Application startup complete." not in self.output():
+        while line not in self.output():
             assert self.process.poll() is None, self.output()
             assert time.monotonic() < deadline, self.output()
             time.sleep(0.05)

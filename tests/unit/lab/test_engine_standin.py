@@ -13,7 +13,6 @@ import select
 import socket
 import subprocess
 import sys
-import time
 import urllib.error
 import urllib.request
 
@@ -25,7 +24,6 @@ from standin_engines import (
     MODEL_CONFIG,
     SERVED,
     STANDIN_DIR,
-    START_TIMEOUT,
     WEATHER_TOOL,
     Engine,
     make_host,
@@ -182,11 +180,7 @@ def test_launch_parameters_the_engine_configs_reject(start, flags, message):
 
 
 def test_port_is_bound_at_once_and_served_only_after_loading(start):
-    engine = start(env={"LOAD": "1.5"}, wait=False)
-    deadline = time.monotonic() + START_TIMEOUT
-    while "Loading model weights" not in engine.output():
-        assert time.monotonic() < deadline, engine.output()
-        time.sleep(0.02)
+    engine = start(env={"LOAD": "1.5"}, wait=False).wait_logged("Loading model weights")
     with socket.socket() as other, pytest.raises(OSError) as bound:
         other.bind(("127.0.0.1", engine.port))
     assert bound.value.errno == errno.EADDRINUSE
@@ -462,8 +456,7 @@ def test_thinking_can_use_up_a_small_budget_on_stock_files(stock, patched):
 
 def test_never_healthy_keeps_the_port_without_serving(start):
     engine = start(env={"BIV100_STANDIN_NEVER_HEALTHY": "1"}, wait=False)
-    time.sleep(1.0)
-    assert engine.process.poll() is None
+    engine.wait_logged("the engine never finishes loading")
     with pytest.raises(urllib.error.URLError):
         engine.request("GET", "/health")
     with socket.socket() as other, pytest.raises(OSError):
