@@ -51,12 +51,6 @@ class EngineSettings:
                    args.dtype or "auto", args.kv_cache_dtype or "auto",
                    args.tensor_parallel_size, environ.get(ALLOCATOR_VARIABLE) or "")
 
-    @property
-    def prefill_chunk(self):
-        """Prompt tokens one step prefills: None when a prompt goes in one step (startup makes
-        max_num_batched_tokens at least max_model_len then)."""
-        return self.max_num_batched_tokens if self.chunked_prefill else None
-
     def __repr__(self):
         return (f"EngineSettings(max_model_len={self.max_model_len}, "
                 f"max_num_seqs={self.max_num_seqs}, "

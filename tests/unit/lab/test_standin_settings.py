@@ -128,9 +128,6 @@ def test_without_chunked_prefill_a_prompt_is_one_step_and_the_profile_runs_out_o
         plan(enable_chunked_prefill=False)
     assert "(simulated: the memory profile run)" in refusal(
         enable_chunked_prefill=False, max_num_batched_tokens=256000)
-    unchunked = settings.from_engine_args(dict(SUB168, max_model_len=4096, enable_chunked_prefill=False,
-                                               max_num_batched_tokens=4096), LAB)
-    assert unchunked.prefill_chunk is None and settings.from_engine_args(SUB168, LAB).prefill_chunk == 4096
 
 
 def test_vllms_defaults_for_the_batched_tokens():
