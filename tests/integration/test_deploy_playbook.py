@@ -86,6 +86,18 @@ def test_the_payload_lands_where_it_applies(lab, first_deploy):
             assert digest(host.path(f"{STATE}/base/{path}")) == built[path]
 
 
+def test_the_hosts_of_a_batch_run_and_probe_their_engines_together(lab, first_deploy):
+    # Ansible announces a task once for the hosts that run it together, and once per host for an
+    # include it runs on one host after the other.
+    for task in ("Run the engine, restarting it on a new release or drift", "Wait until the engine serves the model",
+                 "Probe the engine with the functional suites"):
+        announced = [event for event in first_deploy.events
+                     if event.get("event") == "playbook_on_task_start" and event["event_data"].get("task") == task]
+        ran_on = {event["event_data"]["host"] for event in first_deploy.events
+                  if event.get("event") == "runner_on_ok" and event["event_data"].get("task") == task}
+        assert (len(announced), ran_on) == (1, {host.name for host in lab.hosts}), task
+
+
 SUB168 = {"--max-model-len": "256000", "--max-num-seqs": "2", "--gpu-memory-utilization": "0.95",
           "--max-num-batched-tokens": "4096", "--enable-chunked-prefill": None, "--enforce-eager": None,
           "--dtype": "half", "--tensor-parallel-size": "4"}
