@@ -33,7 +33,10 @@ WITH_INVOCATION = {"_ansible_inject_invocation": True} if "inject_invocation" in
 class Engine(JsonEngine):
     """Streams a vLLM-shaped chat answer: a role chunk, `x_chunks` content chunks `delay` apart,
     then the usage chunk and [DONE]. The usage says what the test wants (`x_prompt_tokens`, and
-    max_tokens as the completion tokens), so that a client counting for itself would be seen."""
+    max_tokens as the completion tokens), so that a client counting for itself would be seen.
+    The request numbered `held` (the first is 1) and those after it are not answered before
+    `release` is set: a test that must find a worker still measuring holds it there, whatever
+    the machine's speed."""
 
     server_version = "engine-under-test"
 
@@ -45,6 +48,9 @@ class Engine(JsonEngine):
                                       "at": time.monotonic()})
             state["in_flight"] += 1
             state["most_in_flight"] = max(state["most_in_flight"], state["in_flight"])
+            held = state["held"] is not None and len(state["received"]) >= state["held"]
+        if held:
+            state["release"].wait(60)
         self.body, self.left = body, False
         try:
             self.answer(body, state)
@@ -102,15 +108,21 @@ class Engine(JsonEngine):
 
 @pytest.fixture
 def engine(loopback_server):
-    """engine(simulated=False, delay=0.01) -> (url, state); the state records what came."""
+    """engine(simulated=False, delay=0.01, held=None) -> (url, state); the state records what
+    came, and state["release"] frees the requests held (all of them at teardown)."""
+    releases = []
 
-    def start(simulated=False, delay=0.01):
+    def start(simulated=False, delay=0.01, held=None):
         url, server = loopback_server(Engine)
         server.state = {"lock": threading.Lock(), "received": [], "ended": [], "in_flight": 0,
-                        "most_in_flight": 0, "simulated": simulated, "delay": delay}
+                        "most_in_flight": 0, "simulated": simulated, "delay": delay, "held": held,
+                        "release": threading.Event()}
+        releases.append(server.state["release"])
         return url, server.state
 
-    return start
+    yield start
+    for release in releases:
+        release.set()
 
 
 def chat(label, max_tokens=5, stream=True, **extra):
@@ -369,13 +381,13 @@ def gone(pid, seconds=5.0):
 
 
 def test_a_started_worker_detaches_and_status_calls_follow_it_to_its_result(engine, module_process, tmp_path):
-    # About 4 s of requests: a status call (a module process of its own, slow to start on a loaded
-    # machine) still finds the worker measuring.
-    url, state = engine(delay=0.12)
+    # The fourth request waits for the test: until then the worker can only be measuring, three
+    # done, however slowly the status calls' processes start on a loaded machine.
+    url, state = engine(delay=0.01, held=4)
     env_file = tmp_path / "engine.env"
     env_file.write_text("VLLM_API_KEY=%s\n" % SECRET)
     requests = [chat("measured-%d" % n, max_tokens=5) for n in range(8)]
-    args = dict(bench_args(url, requests, concurrency=1), api_key_env_file=str(env_file))
+    args = dict(bench_args(url, requests, concurrency=1, timeout=60), api_key_env_file=str(env_file))
     # In check mode too: the requests change nothing but the engine's caches.
     failed, started = module_process(MODULE, dict(args, _job="start", _ansible_check_mode=True, **WITH_INVOCATION))
     assert not failed, started
@@ -392,20 +404,33 @@ def test_a_started_worker_detaches_and_status_calls_follow_it_to_its_result(engi
     assert job_dir.parent == tmp_path  # the host's temporary folder (TMPDIR)
     assert stat.S_IMODE(job_dir.stat().st_mode) == 0o700 and job_dir.stat().st_uid == os.geteuid()
 
-    seen, snapshots, result = [], [], None
-    for _poll in range(100):
+    seen, snapshots = [], []
+
+    def status():
         snapshots.append(job_files(job_dir))
         failed, result = module_process(MODULE, {"served_model_name": "qwen3_5", "weights": WEIGHTS, "_job": "status",
                                                  "_job_dir": str(job_dir), "_job_wait": 0.2})
         assert not failed, result
+        if not result["finished"]:
+            assert result["changed"] is False
+            seen.append(result["progress"])
+        return result
+
+    # Followed up to the request held, and no further until it is released.
+    for _poll in range(100):
+        result = status()
+        assert result["finished"] is False, result
+        if (result["progress"] or {}).get("requests", {}).get("done") == 3:
+            break
+    state["release"].set()
+    for _poll in range(100):
+        result = status()
         if result["finished"]:
             break
-        assert result["changed"] is False
-        seen.append(result["progress"])
     assert result["finished"] is True
     # The run so far, as it went; then the result, as a call of the module without _job gives it.
     counts = [item["requests"]["done"] for item in seen if item and item["phase"] == "measuring"]
-    assert counts and counts == sorted(counts) and counts[0] < len(requests), seen
+    assert 3 in counts and counts == sorted(counts) and counts[-1] < len(requests), seen
     assert result["requests"] == {"ok": 8, "failed": 0} and result["output_tokens"] == 40
     assert result["changed"] is False and result["concurrency"] == 1 and result["progress_error"] is None
     assert [item["authorization"] for item in state["received"]] == ["Bearer " + SECRET] * 8
@@ -418,7 +443,7 @@ def test_a_started_worker_detaches_and_status_calls_follow_it_to_its_result(engi
 
 
 def test_stop_ends_a_running_worker_and_removes_its_folder(engine, module_process):
-    url, state = engine(delay=0.2)
+    url, state = engine(held=2)  # the worker measures until it is stopped
     failed, started = module_process(MODULE, dict(bench_args(url, [chat("slow-%d" % n) for n in range(20)]),
                                                   _job="start"))
     assert not failed, started
@@ -433,7 +458,7 @@ def test_stop_ends_a_running_worker_and_removes_its_folder(engine, module_proces
 
 
 def test_a_worker_killed_before_its_result_is_reported_and_its_folder_removed(engine, module_process):
-    url, _state = engine(delay=0.2)
+    url, _state = engine(held=1)  # the worker has no result when it is killed
     failed, started = module_process(MODULE, dict(bench_args(url, [chat("slow-%d" % n) for n in range(20)]),
                                                   _job="start"))
     assert not failed, started
