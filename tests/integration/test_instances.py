@@ -1,6 +1,7 @@
 """Several engine instances on one host, on a mixed lab fleet: the first host has 4 GPUs and
 runs one engine as always; the second has 8 and runs two TP=4 instances, vllm-1 and vllm-2. The
-fleet deploys, verifies, rolls back and deploys again with every instance named; a deploy
+fleet deploys, verifies, rolls back and deploys again (not rolling: both instances restarted,
+then both proven) with every instance named; a deploy
 restarts the second host's instances one at a time, so that /health, polled every 100 ms, always
 has one to answer, and a deploy in which vllm-2 alone fails rolls the host back with one always
 answering too. gpu_facts finds each instance's engine on its GPUs (the lab's ixsmi reports the
@@ -40,6 +41,8 @@ DEPLOY = "deploy.yml"
 FACTS = "playbooks/facts.yml"
 GPU_FACTS_TASK = "Learn the host's GPUs"
 SUMMARY_TASK = "Show what the host has"
+RUN_TASK = "Run the engine, restarting it on a new release or drift"
+PROBE_TASK = "Probe the engine with the functional suites"
 GPU_MIB = 32768  # each lab GPU's memory
 INSTANCES = ({"name": "vllm-1"}, {"name": "vllm-2"})
 
@@ -215,7 +218,7 @@ def test_verify_names_the_instance_that_is_down_and_finds_the_rest_healthy(lab, 
     assert "'vllm-1: " not in found.stdout()
 
 
-def test_rollback_restores_every_instance_and_a_deploy_brings_a_release_back(lab, rolled, tmp_path):
+def test_rollback_restores_every_instance_and_a_deploy_not_rolling_brings_a_release_back(lab, rolled, tmp_path):
     eight = lab.hosts[1]
     back = run_playbook("rollback.yml", lab.inventory_path, tmp_path / "back", limit=eight.name,
                         extravars=on_eight(lab))
@@ -228,11 +231,17 @@ def test_rollback_restores_every_instance_and_a_deploy_brings_a_release_back(lab
     payload = copy_payload(tmp_path)
     overlay(payload, "again", "reasoning/again_parser.py", "PARSER = 'again'\n")
     again = run_playbook(DEPLOY, lab.inventory_path, tmp_path / "again", limit=eight.name, extravars={
-        "serving_release": "sub512", "stage_payload_dir": str(payload), **on_eight(lab)})
+        "serving_release": "sub512", "stage_payload_dir": str(payload), "serving_rolling": False, **on_eight(lab)})
     assert again.rc == 0, again.stdout()[-3000:]
     record = current_release(eight)
     assert record["id"] == "sub512" and record["status"] == "good"
     assert record["history"][-1]["reason"].startswith("vllm-1: ") and "; vllm-2: " in record["history"][-1]["reason"]
+    # Not rolling, both instances were restarted before either was probed.
+    steps = {RUN_TASK: "run", PROBE_TASK: "probe"}
+    ran = [steps[event["event_data"]["task"]] for event in again.events
+           if event.get("event") == "runner_on_ok" and event["event_data"].get("host") == eight.name
+           and event["event_data"].get("task") in steps]
+    assert ran == ["run", "run", "probe", "probe"]
 
 
 def test_instances_that_cannot_share_the_host_are_refused_naming_them_and_nothing_changes(lab, deployed, tmp_path):
@@ -356,7 +365,7 @@ def test_a_host_changes_its_engine_layout_and_back_retiring_what_the_new_one_doe
         samples = layouts[name]["samples"]
         assert len(samples) > 20 and never_down(samples) == [], name
     # Each retirement was a change the run reported, naming the engine.
-    retired = [result for result in layouts["two"]["run"].results(eight.name, "Run the engine, restarting it on a new release or drift")
+    retired = [result for result in layouts["two"]["run"].results(eight.name, RUN_TASK)
                if result.get("retired")]
     assert [(result["name"], [done["name"] for done in result["retired"]]) for result in retired] == [("vllm-1", ["vllm"])]
     (last,) = layouts["one again"]["run"].results(eight.name, "Retire the engines the host's layout does not name")
