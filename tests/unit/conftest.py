@@ -55,10 +55,10 @@ def started_process():
     """start(argv, env=None): a Popen of argv in a session of its own, returned once the child
     runs argv (between fork and exec, and while exec swaps the image, /proc/<pid>/cmdline and
     environ are the parent's or empty, so a test asserting on either must not look earlier).
-    Killed at teardown."""
+    Killed at teardown. The wait is long: a loaded machine may take seconds to exec."""
     started = []
 
-    def start(argv, seconds=5.0, env=None):
+    def start(argv, seconds=30.0, env=None):
         process = subprocess.Popen(argv, start_new_session=True, env=env)
         started.append(process)
         wanted = "\0".join(argv).encode() + b"\0"

@@ -35,7 +35,9 @@ WEATHER_TOOL = {"type": "function", "function": {
     "parameters": {"type": "object", "properties": {"city": {"type": "string"},
                                                     "days": {"type": "integer"}},
                    "required": ["city"]}}}
-START_TIMEOUT = 15
+# How long a start, an exit or a stop may take: only a failure waits it out, and a loaded
+# machine takes seconds to start Python.
+START_TIMEOUT = 60
 
 
 def make_host(root, base_vllm, patched=False, gpus=4, architecture=None):

@@ -38,9 +38,10 @@ REPRODUCED = {
     "n-two": {"break": "n"},
     "n-above-max-num-seqs": {"patched": False},
     # The allocator without max_split_size_mb: long prefills side by side find no block (a slow
-    # prefill keeps the probe's two requests side by side on a busy machine).
+    # prefill keeps the probe's two requests side by side on a busy machine, as in
+    # test_standin_settings.py).
     "two-long-prompts-at-once": {"env": {"PYTORCH_CUDA_ALLOC_CONF": "garbage_collection_threshold:0.8",
-                                         "BIV100_STANDIN_PREFILL_TPS": "5000"}},
+                                         "BIV100_STANDIN_PREFILL_TPS": "2000"}},
     "tool-result-after-null-content": {"break": "tool_content_none"},
     # The failure needs both: no validator switching thinking off, and thinking that runs long.
     "tool-call-with-thinking-on": {"break": "thinking_tools", "patched": False},

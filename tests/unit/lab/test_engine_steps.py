@@ -193,18 +193,28 @@ def test_a_later_arrival_moves_a_live_requests_tokens_later_never_earlier_and_wa
     first = live.submit(request(0, 100))
     before = list(live.work(first).times)
     assert before[-1] == pytest.approx(1.0)
-    woke = threading.Event()
+    waiting, woke = threading.Event(), threading.Event()
+
+    class Watched(threading.Condition):
+        def wait(self, timeout=None):
+            waiting.set()  # with the lock held: no arrival gets in before this wait begins
+            return super().wait(timeout)
+
+    live._changed = Watched()
 
     def waiter():
-        live.wait(30)
+        live.wait(60)
         woke.set()
 
-    thread = threading.Thread(target=waiter)
+    thread = threading.Thread(target=waiter, daemon=True)
     thread.start()
+    # The arrival once the waiter waits: one before would leave it asleep for its 60 s, however
+    # slowly the machine starts the thread.
+    assert waiting.wait(30)
     clock.now = 0.5
     second = live.submit(request(800, 10))
-    assert woke.wait(5)
-    thread.join(5)
+    assert woke.wait(30)  # long before the 60 s: the arrival woke it
+    thread.join(30)
     after = live.work(first).times
     assert all(later >= earlier - 1e-12 for earlier, later in zip(before, after))
     assert after[-1] > before[-1]

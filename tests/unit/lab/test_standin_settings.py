@@ -279,8 +279,9 @@ def two_long_prompts(engine, **extra):
     return sorted(results, key=lambda result: result[0])
 
 
-# A slow prefill keeps two long prompts' requests side by side on a busy machine.
-SLOW_PREFILL = {"BIV100_STANDIN_PREFILL_TPS": "5000"}
+# A slow prefill keeps two long prompts' requests side by side on a busy machine: a second for
+# the first's, where a loaded machine was seen to send the two up to 0.06 s apart.
+SLOW_PREFILL = {"BIV100_STANDIN_PREFILL_TPS": "2000"}
 
 
 @pytest.mark.parametrize("conf, fails", [

@@ -27,6 +27,8 @@ from ansible_collections.biv100.serving.plugins.plugin_utils._controller_process
 
 REPO_ROOT = Path(__file__).resolve().parents[4]
 PLAYBOOK_ARGV = ("/opt/venv/bin/python3.11", "/opt/venv/bin/ansible-playbook", "deploy.yml")
+# The longest a test's real ansible-playbook may run: seconds alone, half a minute on a loaded machine.
+PLAYBOOK_TIMEOUT = 300
 
 
 def holder(**fields):
@@ -151,7 +153,7 @@ def test_a_real_run_names_its_ansible_playbook_and_takes_over_a_dead_runs_lock(t
         stderr=subprocess.STDOUT,
         text=True,
     )
-    output, _stderr = playbook.communicate(timeout=120)
+    output, _stderr = playbook.communicate(timeout=PLAYBOOK_TIMEOUT)
     assert playbook.returncode == 0, output
     results = json.loads((tmp_path / "results.json").read_text())
 
@@ -209,7 +211,8 @@ def test_leftover_workers_are_forked_ansible_playbooks_whose_parent_is_not_one(m
 
 
 # Started as `python <tmp>/ansible-playbook [fork]`: an ansible-playbook as far as its command
-# line tells; with `fork`, it forks a child and exits, as a killed run leaves its worker.
+# line tells; with `fork`, it forks a child and exits, as a killed run leaves its worker. Either
+# sleeps longer than a playbook of the tests may run (PLAYBOOK_TIMEOUT), and is killed at teardown.
 FAKE_PLAYBOOK = textwrap.dedent("""\
     import os, sys, time
     if sys.argv[1:] == ["fork"]:
@@ -218,11 +221,11 @@ FAKE_PLAYBOOK = textwrap.dedent("""\
             devnull = os.open(os.devnull, os.O_WRONLY)
             os.dup2(devnull, 1)
             os.dup2(devnull, 2)
-            time.sleep(120)
+            time.sleep(600)
             os._exit(0)
         print(child, flush=True)
     else:
-        time.sleep(120)
+        time.sleep(600)
     """)
 
 
@@ -298,7 +301,7 @@ def run_play(tmp_path, play):
         [str(Path(sys.executable).with_name("ansible-playbook")), str(tmp_path / "play.yml"), "-i", "localhost,",
          "-c", "local", "-e", "ansible_python_interpreter=%s" % sys.executable, "-e", json.dumps({"out": str(tmp_path)})],
         cwd=REPO_ROOT, env=dict(os.environ, ANSIBLE_CONFIG=str(REPO_ROOT / "ansible.cfg")),
-        capture_output=True, text=True, timeout=120, check=False)
+        capture_output=True, text=True, timeout=PLAYBOOK_TIMEOUT, check=False)
     assert playbook.returncode == 0, playbook.stdout + playbook.stderr
     return json.loads((tmp_path / "results.json").read_text())
 

@@ -373,7 +373,9 @@ def alive(pid):
         return False
 
 
-def gone(pid, seconds=5.0):
+def gone(pid, seconds=30.0):
+    """Whether pid ends within seconds: a loaded machine may take some, and only a failure waits
+    them out."""
     deadline = time.monotonic() + seconds
     while alive(pid) and time.monotonic() < deadline:
         time.sleep(0.02)

@@ -53,7 +53,8 @@ def supervisord(tmp_path):
     control.chmod(0o755)
     subprocess.run([str(VENV_BIN / "supervisord"), "-c", str(config)], check=True)
     pid_file = root / "supervisord.pid"
-    deadline = time.monotonic() + 10
+    # Generous: a loaded machine takes seconds for supervisord's start and each supervisorctl's.
+    deadline = time.monotonic() + 60
     while subprocess.run([str(control), "pid"], capture_output=True, check=False).returncode != 0:
         assert time.monotonic() < deadline, "supervisord did not answer"
         time.sleep(0.05)
@@ -182,7 +183,9 @@ def test_the_launchers_engine_makes_way_for_the_supervised_one(managed):
 
 
 def test_an_engine_that_exits_at_once_fails_with_its_log(managed):
-    failed, result = managed("--port", "not-a-number")
+    # A start check (and startsecs) long enough for a loaded machine's slow interpreter start: it
+    # ends as the engine exits.
+    failed, result = managed("--port", "not-a-number", start_check_seconds=10)
 
     assert failed and result["msg"].endswith(" in log_tail")
     # argparse's refusal is where the tail starts.

@@ -57,11 +57,12 @@ def free_port():
 
 
 def listener(started_process, port):
-    """A process in a session of its own listening on the loopback port, once it listens."""
+    """A process in a session of its own listening on the loopback port, once it listens (which
+    may take a loaded machine seconds: the deadline only bounds a failure)."""
     code = ("import socket, time; s = socket.socket(); s.bind(('127.0.0.1', %d)); s.listen(); time.sleep(60)"
             % port)
     process = started_process([sys.executable, "-c", code])
-    deadline = time.monotonic() + 5
+    deadline = time.monotonic() + 30
     while not any(entry["port"] == port and process.pid in entry["pids"] for entry in listening_ports()):
         assert time.monotonic() < deadline, "the listener did not listen"
         time.sleep(0.02)
