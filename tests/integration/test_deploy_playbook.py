@@ -246,6 +246,10 @@ def test_a_release_that_changed_a_file_an_env_variable_and_a_launch_parameter_is
                            extravars={"serving_release": "sub999", "verdict": "passed"})
     unexplained = run_playbook("record_verdict.yml", lab.inventory_path, tmp_path / "unexplained",
                                extravars={"serving_release": "sub512", "verdict": "failed"})
+    # What `-e reason="n=3 cascaded"` hands Ansible: `reason=n=3 cascaded`, whose second word it
+    # keeps apart as _raw_params; a reason cut short is refused, not recorded.
+    cut_short = run_playbook("record_verdict.yml", lab.inventory_path, tmp_path / "cut-short", extravars={
+        "serving_release": "sub512", "verdict": "failed", "reason": "n=3", "_raw_params": "cascaded"})
 
     assert verdict.rc == 0 and verdict.hosts_with("changed") == {host.name}, verdict.stats
     assert again.rc == 0 and not again.hosts_with("changed"), again.stats
@@ -254,6 +258,8 @@ def test_a_release_that_changed_a_file_an_env_variable_and_a_launch_parameter_is
                                    unknown.failure_messages(lab.hosts[0].name)), unknown.stats
     assert unexplained.rc != 0 and any("a reason with verdict=failed" in message for message in
                                        unexplained.failure_messages(lab.hosts[0].name)), unexplained.stats
+    assert cut_short.rc != 0 and any('the words "cascaded" of an -e were not key=value' in message for message in
+                                     cut_short.failure_messages(lab.hosts[0].name)), cut_short.stats
     assert host_state(lab) == before
     record = json.loads(host.path(f"{STATE}/releases/sub512/release.json").read_text())
     assert (record["status"], record["platform"][-1]["verdict"]) == ("good", "failed")
