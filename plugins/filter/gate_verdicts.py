@@ -14,11 +14,16 @@ FUNCTIONAL = "functional"
 MEASURED_GATES = ("quality", "throughput")
 
 
-def gate_problems(gates) -> list[str]:
+def gate_problems(gates, competition: dict | None = None) -> list[str]:
     """What is wrong with the gates' settings (serving_gates over the competition's), one sentence
-    each naming the variable: checked before any host changes."""
+    each naming the variable: checked before any host changes. With `competition`, each gate is
+    checked with the competition's bounds under its own, as the gates role will hold it (a group
+    may leave a bound out: serving_gates {functional: {}} is held to the competition's min_probes)."""
     if not isinstance(gates, dict):
         return [f"serving_gates must be a map from each gate that applies to its bounds, not {gates!r}"]
+    if competition:
+        gates = {name: {**(competition.get(name) or {}), **bounds} if isinstance(bounds, dict) else bounds
+                 for name, bounds in gates.items()}
     problems = []
     unknown = [name for name in gates if name != FUNCTIONAL and name not in MEASURED_GATES]
     if unknown:

@@ -62,5 +62,11 @@ def test_the_gates_settings_are_checked_whole_and_gate_verdicts_refuses_what_the
         "serving_gates names no such gate", "serving_gates.functional.min_probes is missing",
         "serving_gates.throughput.latency.tpot_p99_ms"]
     assert gate_problems("all")[0].startswith("serving_gates must be a map")
+    # A host's group may leave a bound out: held to the competition's, as the gates role holds it.
+    competition = {"functional": {"min_probes": 50}, "throughput": {"score": 8000}}
+    assert gate_problems({"functional": {}}, competition) == []
+    assert gate_problems({"functional": {}, "speed": {}}, competition)[0].startswith("serving_gates names no such gate")
+    assert gate_problems({"throughput": {"latency": {"tpot_p99_ms": "lots"}}}, competition)[0].startswith(
+        "serving_gates.throughput.latency.tpot_p99_ms")
     with pytest.raises(ValueError, match="no such gate: speed"):
         gate_verdicts({"speed": {}})
