@@ -160,6 +160,7 @@ options:
     default: 2
 extends_documentation_fragment:
   - biv100.serving.engine_manager
+  - biv100.serving.run_lock
   - ansible.builtin.action_common_attributes
 attributes:
   check_mode:
@@ -340,6 +341,7 @@ log_tail:
   elements: str
 """
 
+import contextlib
 import os
 
 from ansible.module_utils.basic import AnsibleModule
@@ -369,7 +371,11 @@ from ansible_collections.biv100.serving.plugins.module_utils._engine_plan import
 from ansible_collections.biv100.serving.plugins.module_utils._engine_process import PID_DIR
 from ansible_collections.biv100.serving.plugins.module_utils._engine_retire import in_the_way, retire
 from ansible_collections.biv100.serving.plugins.module_utils._own_engines import device_items
-from ansible_collections.biv100.serving.plugins.module_utils._state_store import atomic_write
+from ansible_collections.biv100.serving.plugins.module_utils._run_lock import NotHeld, fenced
+from ansible_collections.biv100.serving.plugins.module_utils._state_store import DEFAULT_STATE_DIR, atomic_write
+
+# What a write that the host's lock refused was about to do, for its message.
+ACTION_WORDS = {"start": "starting", "restart": "restarting", "stop": "stopping"}
 
 
 def hide_secrets(module, names, *environments):
@@ -456,6 +462,7 @@ def main():
             systemctl=dict(type="path"),
             supervisorctl=dict(type="path"),
             supervisor_conf_dir=dict(type="path"),
+            state_dir=dict(type="path", default=DEFAULT_STATE_DIR),
         ),
         required_if=[
             ("state", "started", ("command",)),
@@ -542,9 +549,15 @@ def main():
         if module.check_mode:
             retired = make_way(module, in_way, True)
         else:
-            after, retired = apply(
-                module, manager, action, engine, definition, desired_env, env_file_stale, in_way
-            )
+            writes = action != "none" or definition is not None or env_file_stale or bool(in_way)
+            # Only while the run holds the host's lock, checked under its flock (no take-over between).
+            with fenced(params["state_dir"], writing="%s %s" % (ACTION_WORDS.get(action, "changing"), params["name"])) \
+                    if writes else contextlib.nullcontext():
+                after, retired = apply(
+                    module, manager, action, engine, definition, desired_env, env_file_stale, in_way
+                )
+    except NotHeld as error:
+        module.fail_json(msg=str(error), name=params["name"], action="none")
     except EngineError as error:
         module.fail_json(msg=str(error), **error.extra)
     except OSError as error:

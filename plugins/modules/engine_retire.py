@@ -33,6 +33,7 @@ options:
     elements: str
 extends_documentation_fragment:
   - biv100.serving.engine_manager
+  - biv100.serving.run_lock
   - ansible.builtin.action_common_attributes
 attributes:
   check_mode:
@@ -100,6 +101,8 @@ kept:
   sample: [vllm-1, vllm-2]
 """
 
+import contextlib
+
 from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.biv100.serving.plugins.module_utils._engine_identity import EngineError
 from ansible_collections.biv100.serving.plugins.module_utils._engine_managers import (
@@ -113,6 +116,8 @@ from ansible_collections.biv100.serving.plugins.module_utils._engine_retire impo
     retirement_candidates,
     retirement_words,
 )
+from ansible_collections.biv100.serving.plugins.module_utils._run_lock import NotHeld, fenced
+from ansible_collections.biv100.serving.plugins.module_utils._state_store import DEFAULT_STATE_DIR
 
 
 def main():
@@ -126,6 +131,7 @@ def main():
             systemctl=dict(type="path"),
             supervisorctl=dict(type="path"),
             supervisor_conf_dir=dict(type="path"),
+            state_dir=dict(type="path", default=DEFAULT_STATE_DIR),
         ),
         required_one_of=[("name", "layout")],
         mutually_exclusive=[("name", "layout")],
@@ -142,8 +148,13 @@ def main():
             present = retirement_candidates(params, host_manager)
             kept = [other for other in present if other in layout]
             names = [other for other in present if other not in layout]
-        done = [retire(params, module.run_command, other, host_manager.name, True, module.check_mode)
-                for other in names]
+        # Only while the run holds the host's lock, checked under its flock (no take-over between).
+        with fenced(params["state_dir"], writing="retiring %s" % ", ".join(names)) \
+                if names and not module.check_mode else contextlib.nullcontext():
+            done = [retire(params, module.run_command, other, host_manager.name, True, module.check_mode)
+                    for other in names]
+    except NotHeld as error:
+        module.fail_json(msg=str(error), name=name, action="none")
     except EngineError as error:
         module.fail_json(msg=str(error), **error.extra)
     except OSError as error:

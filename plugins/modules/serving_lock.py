@@ -37,6 +37,9 @@ description:
     C(environment)). Before it takes a lock over, the module looks in C(/proc) for processes
     that carry the holder's id and see this host's O(state_dir). It refuses while one runs,
     naming each by pid, command and start time, and says how to end them.
+  - The collection's modules that write fence their writes with the lock - under the same
+    C(flock), each refuses unless the lock names the run its C(BIV100_SERVING_RUN) names - so a
+    run whose lock was taken over changes nothing more on the host.
   - Looking at the lock and changing it happen under an C(flock) of the state directory, so
     two deployments starting at the same instant cannot both take it; the lock is written
     through a temporary file and a rename, so it is never seen half-written.
@@ -196,12 +199,16 @@ previous_holder:
 
 import calendar
 import contextlib
-import fcntl
-import json
 import os
 import time
 
 from ansible.module_utils.basic import AnsibleModule
+from ansible_collections.biv100.serving.plugins.module_utils._run_lock import (
+    describe,
+    lock_text,
+    read_holder,
+    serialised,
+)
 from ansible_collections.biv100.serving.plugins.module_utils._run_processes import (
     describe_processes,
     run_processes,
@@ -211,61 +218,12 @@ from ansible_collections.biv100.serving.plugins.module_utils._state_store import
     TIMESTAMP_FORMAT,
     StateDir,
     fsync_dir,
-    read_json,
     utc_timestamp,
     write_json,
 )
 
 # How often a run waiting for an older one looks at the lock again.
 POLL_SECONDS = 0.2
-
-
-@contextlib.contextmanager
-def serialised(state_dir):
-    """Let one task at a time look at the lock and change it.
-
-    Deciding (free, ours, stale) and writing are two steps; two deployments between them
-    would both believe they hold the lock. An flock(2) on the state directory, held for those
-    few microseconds, makes the pair atomic for every process on the host.
-    """
-    os.makedirs(state_dir, exist_ok=True)
-    fd = os.open(state_dir, os.O_RDONLY)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
-        yield
-    finally:
-        os.close(fd)  # releases the flock
-
-
-def lock_text(holder):
-    return json.dumps(holder, indent=1, sort_keys=True) + "\n" if holder else ""
-
-
-def read_holder(path):
-    """The holder the lock names, None when there is no lock."""
-    try:
-        holder = read_json(path)
-    except ValueError as error:
-        holder = "not JSON (%s)" % error
-    if holder is None or isinstance(holder, dict):
-        return holder
-    # Only a hand edit or a damaged disk gets here; it still holds the host.
-    return {"run_id": None, "unreadable": "%s: %s" % (path, holder)}
-
-
-def describe(holder):
-    """`run R (user@controller, pid P, playbook X, release Y) since T`, from what is known."""
-    if "unreadable" in holder:
-        return "an unreadable lock, %s" % holder["unreadable"]
-    details = ["%s@%s" % (holder.get("user") or "?", holder.get("controller") or "?")]
-    details.extend(
-        "%s %s" % (field, holder[field])
-        for field in ("pid", "playbook", "release")
-        if holder.get(field)
-    )
-    since = " since %s" % holder["acquired_at"] if holder.get("acquired_at") else ""
-    taking = ", still taking its other hosts" if holder.get("taking") else ""
-    return "run %s (%s)%s%s" % (holder.get("run_id"), ", ".join(details), since, taking)
 
 
 def our_holder(params):

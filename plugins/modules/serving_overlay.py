@@ -76,7 +76,7 @@ extends_documentation_fragment:
   - biv100.serving.posix_host
   - ansible.builtin.action_common_attributes
   - ansible.builtin.action_common_attributes.flow
-  - biv100.serving.state_store
+  - biv100.serving.run_lock
 attributes:
   action:
     support: full
@@ -174,6 +174,7 @@ import tempfile
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.biv100.serving.plugins.module_utils._no_follow import Tree, UnsafePath
+from ansible_collections.biv100.serving.plugins.module_utils._run_lock import NotHeld, fenced
 from ansible_collections.biv100.serving.plugins.module_utils._state_store import (
     DEFAULT_STATE_DIR,
     StateDir,
@@ -446,26 +447,30 @@ def present(module, host):
     if module.check_mode:
         module.exit_json(**result)
 
-    try:
-        result["base_copies_added"] = keep_pristine_copies(host, sorted(desired))
-        write_release_files(host, release, desired, changes)
-        install(host, changes)
-    except OSError as error:
-        module.fail_json(msg="staging %s stopped at %s: %s" % (release, error.filename or "?", error.strerror),
-                         changed_files=sorted(changes))
     record = dict(module.params["record"])
     record.update(
         id=release,
         status="pending",
-        created_at=utc_timestamp(),
         previous=previous["id"],
         digests=desired,
         files=dict((path, {"before": before[path], "after": desired[path]}) for path in sorted(desired)),
         changed_files=sorted(changes),
     )
-    # Written last: a release without its record is an interrupted one, never current.
-    write_json(store.release_record(release), record)
-    switch_symlink(store.current, os.path.join("releases", release))
+    try:
+        # Only while this run holds the host's lock, checked under its flock (no take-over between).
+        with fenced(store.root, writing="staging %s" % release):
+            result["base_copies_added"] = keep_pristine_copies(host, sorted(desired))
+            write_release_files(host, release, desired, changes)
+            install(host, changes)
+            record["created_at"] = utc_timestamp()
+            # Written last: a release without its record is an interrupted one, never current.
+            write_json(store.release_record(release), record)
+            switch_symlink(store.current, os.path.join("releases", release))
+    except NotHeld as error:
+        module.fail_json(msg=str(error), changed_files=[])
+    except OSError as error:
+        module.fail_json(msg="staging %s stopped at %s: %s" % (release, error.filename or "?", error.strerror),
+                         changed_files=sorted(changes))
     module.exit_json(**result)
 
 

@@ -141,7 +141,7 @@ options:
 extends_documentation_fragment:
   - biv100.serving.posix_host
   - ansible.builtin.action_common_attributes
-  - biv100.serving.state_store
+  - biv100.serving.run_lock
   - biv100.serving.vllm_package
 attributes:
   check_mode:
@@ -323,12 +323,14 @@ unsafe:
 """
 
 import base64
+import contextlib
 import os
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.biv100.serving.plugins.module_utils._no_follow import Tree, UnsafePath
 from ansible_collections.biv100.serving.plugins.module_utils._release_changes import release_changes
 from ansible_collections.biv100.serving.plugins.module_utils._release_retention import prune
+from ansible_collections.biv100.serving.plugins.module_utils._run_lock import NotHeld, fenced
 from ansible_collections.biv100.serving.plugins.module_utils._serving_layer import REGISTRY, SERVING_TREES
 from ansible_collections.biv100.serving.plugins.module_utils._state_store import (
     DEFAULT_STATE_DIR,
@@ -339,6 +341,10 @@ from ansible_collections.biv100.serving.plugins.module_utils._state_store import
     utc_timestamp,
     write_json,
 )
+
+# What each state that writes does, for the message of a write the host's lock refused.
+WRITING = {"good": "marking %s good", "failed": "marking %s failed",
+           "platform": "recording the platform's verdict on %s", "baseline": "recording the base's quality score (%s)"}
 
 # The options each state takes besides package_root, state_dir and release. They have no default
 # in the argument spec, so that an option given to a state it does not belong to can be told
@@ -682,12 +688,15 @@ def main():
         query(module, store)
     elif state == "exported":
         exported(module, store)
-    elif state == "platform":
-        platform(module, store)
-    elif state == "baseline":
-        base_baseline(module, store)
     else:
-        mark(module, store)
+        write_verdict = {"platform": platform, "baseline": base_baseline}.get(state, mark)
+        # Only while the run holds the host's lock, checked under its flock (no take-over between).
+        try:
+            with fenced(store.root, writing=WRITING[state] % (module.params["release"] or "the current release")) \
+                    if not module.check_mode else contextlib.nullcontext():
+                write_verdict(module, store)
+        except NotHeld as error:
+            module.fail_json(msg=str(error))
 
 
 if __name__ == "__main__":

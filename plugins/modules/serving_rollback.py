@@ -56,7 +56,7 @@ options:
 extends_documentation_fragment:
   - biv100.serving.posix_host
   - ansible.builtin.action_common_attributes
-  - biv100.serving.state_store
+  - biv100.serving.run_lock
   - biv100.serving.vllm_package
 attributes:
   check_mode:
@@ -113,6 +113,7 @@ import os
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.biv100.serving.plugins.module_utils._no_follow import Tree, UnsafePath
+from ansible_collections.biv100.serving.plugins.module_utils._run_lock import NotHeld, fenced
 from ansible_collections.biv100.serving.plugins.module_utils._state_store import (
     DEFAULT_STATE_DIR,
     StateDir,
@@ -290,10 +291,15 @@ def main():
         }
     if changed and not module.check_mode:
         try:
-            restore(store, package, changes)
-            if current is not None and current != target:
-                mark_replaced(store, current, target, params["reason"])
-            switch_current(store, target)
+            # Only while the run holds the host's lock, checked under its flock (no take-over between).
+            with fenced(store.root, writing="rolling back to %s" % (target or BASE)):
+                restore(store, package, changes)
+                if current is not None and current != target:
+                    mark_replaced(store, current, target, params["reason"])
+                switch_current(store, target)
+        except NotHeld as error:
+            result.update(changed=False, changed_files=[])
+            module.fail_json(msg=str(error), **result)
         except (RollbackError, UnsafePath, OSError) as error:
             module.fail_json(msg="rolling back to %s: %s" % (target or BASE, describe(error)), **result)
     module.exit_json(msg=summary, **result)

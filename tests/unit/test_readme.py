@@ -98,7 +98,7 @@ def test_every_link_leads_to_a_file_and_heading_that_exist(page):
     for target in LINK.findall(page.read_text()):
         if re.match(r"[a-z]+:", target):
             continue
-        path, _, anchor = target.partition("#")
+        path, anchor = (target.split("#", 1) + [""])[:2]
         linked = (page.parent / path).resolve() if path else page
         if not linked.exists() or (anchor and anchor not in heading_anchors(linked)):
             broken.append(target)

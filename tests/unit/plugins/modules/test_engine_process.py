@@ -472,3 +472,25 @@ def test_a_failed_start_that_logs_the_key_shows_its_tail_with_the_key_masked(eng
 
     assert failed and result["log_tail"][-1] == "RuntimeError: refused key ********"
     assert SECRET not in json.dumps(result)
+
+
+def test_a_restart_for_a_run_that_lost_the_hosts_lock_changes_nothing_and_names_the_holder(engine, tmp_path,
+                                                                                           monkeypatch):
+    # Started by run A, whose lock run B took over before A's restart came.
+    state_dir = tmp_path / "state"
+    state_dir.mkdir()
+    (state_dir / "lock").write_text(json.dumps({"run_id": "run-A", "user": "deploy", "controller": "ctl1"}))
+    monkeypatch.setenv("BIV100_SERVING_RUN", "run-A")
+    first = engine(state_dir=str(state_dir)).result
+    (state_dir / "lock").write_text(json.dumps({"run_id": "run-B", "user": "alice", "controller": "ctl2",
+                                                "acquired_at": "2026-12-07T23:00:00Z"}))
+
+    refused = engine(state="restarted", env={"VLLM_LOGGING_LEVEL": "DEBUG"}, state_dir=str(state_dir))
+
+    assert refused.failed and refused.result["action"] == "none"
+    assert refused.result["msg"] == (
+        f"restarting vllm refused, nothing changed on this host: run run-A no longer holds its lock, {state_dir}/lock "
+        "is held by run run-B (alice@ctl2) since 2026-12-07T23:00:00Z")
+    assert is_alive(first["pid"]) and int(engine.pid_file.read_text().split()[0]) == first["pid"]
+    # An engine left as it is needs no lock: nothing is written.
+    assert not engine(state_dir=str(state_dir)).failed

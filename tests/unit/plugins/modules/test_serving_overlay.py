@@ -230,3 +230,37 @@ def test_the_host_half_without_its_action_says_so(host, run):
     result = run({"state_dir": host["state_dir"], "release": "sub510", "payload_dir": "files/serving"})
     assert result["failed"] and "runs through its action plugin" in result["msg"]
     assert not os.path.exists(host["state_dir"])
+
+
+def hold(host, run_id, **holder):
+    os.makedirs(host["state_dir"], exist_ok=True)
+    with open(state(host, "lock"), "w") as lock:
+        json.dump(dict(run_id=run_id, **holder), lock)
+
+
+def test_staging_for_a_run_that_lost_the_hosts_lock_changes_nothing_and_names_the_holder(host, run, monkeypatch):
+    monkeypatch.setenv("BIV100_SERVING_RUN", "run-A")
+    hold(host, "run-A")
+    release(run, host, "sub510", {CHAT: (b"# ours\n", True)})
+    # Run B took the host over between run A's check and its next stage.
+    hold(host, "run-B", user="alice", controller="ctl2", playbook="deploy.yml")
+
+    refused = release(run, host, "sub511", {CHAT: (b"# newer\n", True), NEW_PARSER: (b"X = 1\n", True)})
+
+    assert refused["failed"] and refused["changed_files"] == []
+    assert refused["msg"] == (
+        "staging sub511 refused, nothing changed on this host: run run-A no longer holds its lock, "
+        f"{state(host, 'lock')} is held by run run-B (alice@ctl2, playbook deploy.yml)")
+    assert installed(host, CHAT) == b"# ours\n" and installed(host, NEW_PARSER) is None
+    assert os.readlink(state(host, "current")) == "releases/sub510"
+    assert not os.path.exists(state(host, "releases", "sub511"))
+
+
+def test_staging_for_a_run_on_a_host_whose_lock_is_free_is_refused(host, run, monkeypatch):
+    monkeypatch.setenv("BIV100_SERVING_RUN", "run-A")
+    refused = release(run, host, "sub510", {CHAT: (b"# ours\n", True)})
+    assert refused["failed"] and "run run-A holds no lock here" in refused["msg"]
+    hold(host, "run-B")
+    os.unlink(state(host, "lock"))
+    refused = release(run, host, "sub510", {CHAT: (b"# ours\n", True)})
+    assert refused["msg"].endswith(f"{state(host, 'lock')} is free") and installed(host, CHAT) == VENDOR_CHAT

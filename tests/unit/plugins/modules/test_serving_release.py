@@ -411,3 +411,20 @@ def test_a_base_score_without_a_score_is_refused_and_check_mode_records_nothing(
 
     assert failed and result["msg"].startswith("quality has no score")
     assert checked["changed"] and not (store["state"] / "baseline" / "quality-base.json").exists()
+
+
+def test_a_verdict_for_a_run_that_lost_the_hosts_lock_records_nothing_and_names_the_holder(release, store,
+                                                                                           monkeypatch):
+    (store["state"] / "lock").write_text(json.dumps({"run_id": "run-B", "user": "alice", "controller": "ctl2"}))
+    monkeypatch.setenv("BIV100_SERVING_RUN", "run-A")
+    before = store["record"].read_text()
+
+    refused = release(state="good", reason="49/49 probes passed")
+
+    assert refused.failed and refused.result["msg"] == (
+        "marking the current release good refused, nothing changed on this host: run run-A no longer holds its lock, "
+        f"{store['state']}/lock is held by run run-B (alice@ctl2)")
+    assert store["record"].read_text() == before
+    # The run that holds it records the verdict.
+    monkeypatch.setenv("BIV100_SERVING_RUN", "run-B")
+    assert release(state="good", reason="49/49 probes passed").result["status"] == "good"

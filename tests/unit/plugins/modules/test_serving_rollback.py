@@ -226,3 +226,19 @@ def test_a_host_never_deployed_is_on_base_already_and_is_not_refused(run_module,
         package_root=str(fresh.package), state_dir=str(fresh.state), to="base", base_lacks=[ARCH]))
     assert not failed, result
     assert fresh.installed() == {**VENDOR, PARSER: None}
+
+
+def test_a_rollback_for_a_run_that_lost_the_hosts_lock_changes_nothing_and_names_the_holder(rollback, store,
+                                                                                            monkeypatch):
+    (store.state / "lock").write_text(json.dumps({"run_id": "run-B", "user": "alice", "controller": "ctl2"}))
+    monkeypatch.setenv("BIV100_SERVING_RUN", "run-A")
+    installed = store.installed()
+
+    failed, result = rollback(reason="probe n-two failed")
+
+    assert failed and result["changed"] is False and result["changed_files"] == []
+    assert result["msg"] == (
+        "rolling back to sub168 refused, nothing changed on this host: run run-A no longer holds its lock, "
+        f"{store.state}/lock is held by run run-B (alice@ctl2)")
+    assert store.installed() == installed and store.current_link() == "sub510"
+    assert store.status("sub510") == "pending"
