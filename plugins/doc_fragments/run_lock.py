@@ -13,12 +13,9 @@ class ModuleDocFragment:
 options:
   state_dir:
     description:
-      - The collection's state store on the host - the run lock, the model layer's first-contact
-        digests (C(baseline/)), the vendor's copies of overlaid files (C(base/)), the releases
-        (C(releases/)) and C(current).
-      - Its run lock fences what this module writes (see the notes).
-      - Every module of a deployment must be given the same one; the roles pass
-        C(serving_state_dir).
+      - Where the collection keeps its state on the host (C(lock), C(baseline/), C(base/),
+        C(releases/), C(current)); the run lock there fences what this module writes (see the
+        notes). The same for every module of a deployment; the roles pass C(serving_state_dir).
     type: path
     default: /var/lib/biv100-serving
 notes:
